@@ -1,0 +1,226 @@
+"""One training worker: data, model, strategy, the loop, and the records rank 0 writes."""
+
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from ringexp import dist as rdist
+from ringexp import parallel
+from ringexp.data import build_datasets
+from ringexp.metrics import evaluate, peak_memory_bytes, spread
+from ringexp.models import build_model, param_bytes
+from ringexp.sinks import open_sinks
+
+log = logging.getLogger("ringexp")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_optimizer(model, ocfg, global_batch: int, total_steps: int):
+    lr = ocfg.lr * (global_batch / ocfg.base_batch_size if ocfg.scale_lr else 1.0)
+    if ocfg.name == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=ocfg.momentum, weight_decay=ocfg.weight_decay)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ocfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, partial(warmup_cosine, warmup=ocfg.warmup_steps, total=total_steps, floor=ocfg.min_lr_ratio))
+    return opt, sched
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
+    """LR multiplier: linear warm-up to 1 over `warmup` steps, then cosine down to `floor` at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def amp_context(mode: str, device: torch.device):
+    if mode == "off":
+        return nullcontext
+    return partial(torch.autocast, device.type, dtype=AMP_DTYPES[mode])
+
+
+def forward_backward(model, micro_batches, k: int, autocast, scaler) -> torch.Tensor:
+    """k micro-batches into one optimizer step: each loss scaled by 1/k, gradients synchronised across
+    ranks only on the last micro-batch (DDP no_sync before it). Returns the step's mean loss (detached)."""
+    total = None
+    for i in range(k):
+        x, y = next(micro_batches)
+        with parallel.no_sync(model, sync=i == k - 1):
+            with autocast():
+                logits = model(x)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), y) / k
+            scaler.scale(loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
+
+
+def batches(loader, sampler, device, timer: dict):
+    """Endless (x, y) on the device; the time spent waiting for data is added to timer['data']."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        it = iter(loader)
+        while True:
+            t = time.perf_counter()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            timer["data"] += time.perf_counter() - t
+            yield x, y
+        epoch += 1
+
+
+def unwrap(model):
+    return getattr(model, "module", model)
+
+
+def run_worker(cfg: dict, run_dir, meta):
+    """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary."""
+    cfg = OmegaConf.create(cfg)
+    env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker)
+    try:
+        # Ranks started by an external torchrun each composed the config; rank 0 alone made the run dir.
+        shared = [run_dir, meta]
+        if env.world_size > 1:
+            dist.broadcast_object_list(shared, src=0)
+        run_dir, meta = Path(shared[0]), shared[1]
+        handler = logging.FileHandler(run_dir / f"rank{env.rank}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        return train(cfg, env, run_dir, meta)
+    finally:
+        rdist.cleanup()
+
+
+def train(cfg, env, run_dir: Path, meta: dict):
+    t_start = time.perf_counter()
+    device, k, steps = env.device, cfg.accumulation.steps, cfg.steps
+    train_ds, val_ds, num_labels = build_datasets(cfg.data)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank, whatever the strategy
+    model = build_model(cfg.model, num_labels)
+    rdist.seed_everything(cfg.seed, env.rank)
+    grad_bytes = param_bytes(model)
+    model = parallel.apply(model, cfg, env)
+
+    bs, cuda = cfg.data.batch_size, device.type == "cuda"
+    sampler = DistributedSampler(train_ds, env.world_size, env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    loader_kw = dict(num_workers=cfg.data.num_workers, pin_memory=cuda, persistent_workers=cfg.data.num_workers > 0)
+    loader = DataLoader(train_ds, batch_size=bs, sampler=sampler, drop_last=True, **loader_kw)
+    if len(loader) == 0:
+        raise RuntimeError(f"data: {len(train_ds)} training samples cannot fill one batch of {bs} per rank")
+    # A disjoint shard per rank (not DistributedSampler, which pads): each validation sample counts once.
+    val_loader = DataLoader(Subset(val_ds, range(env.rank, len(val_ds), env.world_size)), batch_size=2 * bs,
+                            **loader_kw)
+
+    global_batch = bs * k * env.world_size
+    opt, sched = build_optimizer(model, cfg.optim, global_batch, steps)
+    autocast = amp_context(cfg.amp.mode, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp.mode == "fp16")
+    wire = parallel.wire_bytes(cfg, grad_bytes, env.world_size)
+    sinks = open_sinks(cfg, run_dir, meta, steps) if env.is_main else None
+    log.info("rank %d/%d on %s: %s, global batch %d", env.rank, env.world_size, device, meta["name"], global_batch)
+
+    timer = {"data": 0.0}
+    stream = batches(loader, sampler, device, timer)
+    step_times, history, evals, ok = [], [], [], False
+    try:
+        t_prev = time.perf_counter()
+        for step in range(1, steps + 1):
+            timer["data"] = 0.0
+            loss = forward_backward(model, stream, k, autocast, scaler)
+            if cfg.optim.grad_clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            lr = sched.get_last_lr()[0]
+            sched.step()
+
+            row = None
+            if step % cfg.logger.log_every == 0 or step == steps:
+                # One small all-reduce makes loss and data wait means over ranks (and syncs the device).
+                stats = torch.stack([loss.float(), torch.tensor(timer["data"], device=device)])
+                if env.world_size > 1:
+                    dist.all_reduce(stats)
+                loss_mean, wait_mean = (stats / env.world_size).tolist()
+                history.append(loss_mean)
+                row = {"train/loss": loss_mean, "train/lr": lr, "train/data_wait_s": wait_mean,
+                       "train/peak_memory_bytes": peak_memory_bytes(device), "comm/wire_bytes_per_rank": wire}
+            # Step time is end to end (data, compute, communication, logging), evaluation excluded.
+            t_end = time.perf_counter()
+            if row is not None:
+                dt = t_end - t_prev
+                step_times.append(dt)
+                row |= {"train/step_time_s": dt, "train/samples_per_s": global_batch / dt}
+            if step % cfg.eval_every == 0 or step == steps:
+                val = evaluate(unwrap(model), val_loader, num_labels, device, autocast)
+                evals.append({"step": step, **val})
+                row = (row or {}) | {f"val/{k_}": v for k_, v in val.items()}
+                t_end = time.perf_counter()
+            if row is not None and sinks:
+                sinks.log(row, step)
+            t_prev = t_end
+        ok = True
+    finally:
+        if sinks and not ok:
+            sinks.close(ok=False)
+
+    peak = torch.tensor([peak_memory_bytes(device)], device=device, dtype=torch.float64)
+    if env.world_size > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    if not env.is_main:
+        return None
+    summary = make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire,
+                           int(peak.item()), time.perf_counter() - t_start)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    sinks.summary(summary)
+    sinks.close(ok=True)
+    log.info("done: %s", json.dumps(summary["throughput"]))
+    return summary
+
+
+def make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire, peak,
+                 wall):
+    from ringexp.versions import versions
+
+    steady = step_times[cfg.throughput_warmup:] or step_times
+    final = evals[-1] if evals else {}
+    best = max(evals, key=lambda e: e["auroc_macro"]) if evals else {}
+    metric_keys = ("auroc_macro", "auroc_micro", "f1_macro", "f1_micro", "loss")
+    return {
+        "status": "completed",
+        "run_dir": str(run_dir),
+        "name": meta["name"], "group": meta["group"], "job_type": meta["job_type"],
+        "strategy": cfg.parallel.strategy,
+        "choices": meta["choices"], "overrides": meta["overrides"],
+        "world_size": env.world_size, "device": str(env.device), "backend": env.backend,
+        "steps": cfg.steps, "global_batch_size": global_batch, "accumulation_steps": cfg.accumulation.steps,
+        # Median and spread of global samples/s over the steady steps (warm-up steps left out).
+        "throughput": spread([global_batch / t for t in steady])
+        | {"warmup_steps_excluded": len(step_times) - len(steady)},
+        "step_time_s": spread(steady),
+        "loss": {"first": history[0] if history else None, "last": history[-1] if history else None},
+        "final": {k: final.get(k) for k in metric_keys} | {"step": final.get("step")},
+        "best": {k: best.get(k) for k in metric_keys} | {"step": best.get("step")},
+        "val_samples": final.get("samples"),
+        "peak_memory_bytes": peak,
+        "grad_bytes": grad_bytes,
+        "wire_bytes_per_rank_per_step": wire,
+        "wall_time_s": wall,
+        "versions": versions(),
+    }

@@ -1,0 +1,61 @@
+"""What a run measures: validation quality (torchmetrics, whole set exactly once) and step statistics."""
+
+import resource
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MultilabelAUROC, MultilabelF1Score
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    # ru_maxrss is in KiB on Linux, bytes on macOS
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+@torch.no_grad()
+def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> dict:
+    """Validation loss, macro/micro AUROC and F1@0.5 over this rank's shard, synchronised across ranks.
+
+    The loader must hold a disjoint shard per rank (not DistributedSampler, which pads by repeating
+    samples); torchmetrics then gathers the shards, uneven or not, so every sample counts exactly once.
+    """
+    metrics = MetricCollection({
+        "auroc_macro": MultilabelAUROC(num_labels, average="macro"),
+        "auroc_micro": MultilabelAUROC(num_labels, average="micro"),
+        "f1_macro": MultilabelF1Score(num_labels, threshold=0.5, average="macro"),
+        "f1_micro": MultilabelF1Score(num_labels, threshold=0.5, average="micro"),
+    }).to(device)
+    was_training = model.training
+    model.eval()
+    loss_count = torch.zeros(2, device=device, dtype=torch.float64)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            logits = model(x)
+        logits = logits.float()
+        loss_count[0] += F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / num_labels
+        loss_count[1] += len(y)
+        metrics.update(torch.sigmoid(logits), y.int())
+    model.train(was_training)
+    if dist.is_initialized():
+        dist.all_reduce(loss_count)
+    out = {k: float(v) for k, v in metrics.compute().items()}
+    out["loss"] = float(loss_count[0] / loss_count[1])
+    out["samples"] = int(loss_count[1])
+    return out
+
+
+def spread(values: list) -> dict:
+    """Median with its spread; the machines are noisy, so medians and percentiles, not means."""
+    if not values:
+        return {"median": None, "p10": None, "p90": None, "min": None, "max": None, "n": 0}
+    v = sorted(values)
+    q = statistics.quantiles(v, n=10, method="inclusive") if len(v) > 1 else [v[0]] * 9
+    return {"median": statistics.median(v), "p10": q[0], "p90": q[-1], "min": v[0], "max": v[-1], "n": len(v)}

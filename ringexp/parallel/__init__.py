@@ -1,0 +1,21 @@
+"""Parallel strategies, registered by name: each is `apply(model, cfg, env) -> model` plus the bytes
+one rank sends per optimizer step, so records can report traffic without instrumenting the backend."""
+
+from contextlib import nullcontext
+
+from ringexp.parallel import ddp, single
+
+STRATEGIES = {"ddp": ddp, "single": single}
+
+
+def apply(model, cfg, env):
+    return STRATEGIES[str(cfg.parallel.strategy)].apply(model, cfg, env)
+
+
+def wire_bytes(cfg, grad_bytes: int, world_size: int) -> int:
+    return STRATEGIES[str(cfg.parallel.strategy)].wire_bytes(grad_bytes, world_size)
+
+
+def no_sync(model, sync: bool):
+    """Skip gradient synchronisation on all but the last micro-batch of an accumulated step."""
+    return nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()

@@ -1,0 +1,9 @@
+"""One process, no communication: the baseline that scaling is measured against."""
+
+
+def apply(model, cfg, env):
+    return model.to(env.device)
+
+
+def wire_bytes(grad_bytes: int, world_size: int) -> int:
+    return 0

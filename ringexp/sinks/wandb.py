@@ -1,0 +1,63 @@
+"""Weights & Biases, offline by default. Best effort: any W&B failure prints one warning and training
+carries on, because metrics.jsonl and summary.json already hold every number."""
+
+import warnings
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class WandbSink:
+    def __init__(self, run):
+        self.run = run
+
+    @classmethod
+    def open(cls, cfg, run_dir, meta):
+        if cfg["logger"]["mode"] == "disabled":
+            return None
+        try:
+            import wandb
+
+            run = wandb.init(
+                project=cfg["logger"]["project"], entity=cfg["logger"]["entity"], dir=str(run_dir),
+                mode=cfg["logger"]["mode"], group=meta["group"], job_type=meta["job_type"], name=meta["name"],
+                config={**flatten(cfg), **{f"choice.{k}": v for k, v in meta["choices"].items()}},
+                settings=wandb.Settings(console="off", silent=True),
+            )
+            run.define_metric("val/auroc_macro", summary="max")
+            run.define_metric("val/f1_macro", summary="max")
+            run.define_metric("train/loss", summary="min")
+            return cls(run)
+        except Exception as e:  # network, key, disk: never worth losing the run over
+            warnings.warn(f"W&B disabled for this run ({type(e).__name__}: {e}); records stay in {run_dir}",
+                          stacklevel=2)
+            return None
+
+    def _safely(self, fn, *args):
+        if self.run is None:
+            return
+        try:
+            fn(*args)
+        except Exception as e:
+            warnings.warn(f"W&B stopped logging ({type(e).__name__}: {e}); metrics.jsonl keeps every row",
+                          stacklevel=3)
+            self.run = None
+
+    def log(self, row: dict, step: int) -> None:
+        self._safely(self.run.log if self.run else None, row, step)
+
+    def summary(self, summary: dict) -> None:
+        if self.run is not None:
+            self._safely(self.run.summary.update, flatten(summary))
+
+    def close(self, ok: bool = True) -> None:
+        if self.run is not None:
+            self._safely(self.run.finish, 0 if ok else 1)

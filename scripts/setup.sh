@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Creates .venv on first use and (re)installs ringexp into it when pyproject.toml changed.
+# Sourced by demo.sh and test.sh; fast (a hash check) when .venv is already up to date.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+stamp="$VENV/.ringexp-installed"
+want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV" >&2
+  "$PY" -m venv "$VENV"
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing torch and ringexp into $VENV (a few minutes the first time)" >&2
+  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip 2>/dev/null || true
+  # torch first, pinned: these builds are on the local disk; an unpinned torch would download gigabytes.
+  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,slurm]"
+  echo "$want" > "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"

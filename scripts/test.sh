@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up .venv if needed, lint, then run the whole test suite. Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+cd "$ROOT"
+ruff check .
+set +e
+python -m pytest "$@"
+rc=$?
+set -e
+# pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
+if [ "$rc" -eq 5 ]; then echo "[test] no tests were collected" >&2; exit 1; fi
+exit "$rc"

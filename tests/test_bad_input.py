@@ -1,0 +1,63 @@
+"""Bad input from a user: one short line, the right exit code, no traceback, no half-written run."""
+
+import pytest
+import torch
+from conftest import read_summary, run_cli
+
+
+def bad_csv(folder, text):
+    (folder / "labels.csv").write_text(text)
+    return folder
+
+
+CASES = {
+    "unknown timm model": (lambda f: ["model.name=resnet_does_not_exist"], "model.name=resnet_does_not_exist"),
+    "accumulation < 1": (lambda f: ["accumulation.steps=0"], "accumulation.steps=0"),
+    "batch size < 1": (lambda f: ["data.batch_size=0"], "data.batch_size=0"),
+    "no workers": (lambda f: ["launcher.nproc_per_node=0"], "nproc_per_node=0"),
+    "key added by +": (lambda f: ["+parallel.bucket_cap=5"], "unknown key parallel.bucket_cap"),
+    "cuda without GPUs": (lambda f: ["launcher.device=cuda"], "no GPU is visible"),
+    "image folder missing": (lambda f: ["data=image_folder", f"data.root={f}/nope"], "image folder not found"),
+    "image folder empty": (lambda f: ["data=image_folder", f"data.root={f}"], "holds no images"),
+    "csv lacks columns": (
+        lambda f: ["data=image_folder", "data.root=" + str(bad_csv(f, "path,cat\nimg0.png,1\n")),
+                   "data.label_columns=[cat,dog]"],
+        "labels.csv:1: header lacks column(s) dog"),
+    "csv bad value": (
+        lambda f: ["data=image_folder",
+                   "data.root=" + str(bad_csv(f, "path,cat,dog,bird\nimg0.png,1,0,1\nimg1.png,1,2,0\n"))],
+        "labels.csv:3: label values must be 0 or 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ringexp_validation_errors_are_one_line_exit_2(case, tmp_path, image_folder):
+    if case == "cuda without GPUs" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    make, words = CASES[case]
+    folder = image_folder if "csv" in case else tmp_path / "empty"
+    folder.mkdir(exist_ok=True)
+    run_dir = tmp_path / "run"
+    r = run_cli(run_dir, *make(folder), "logger.mode=disabled")
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ringexp: error: "), r.stderr
+    assert words in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    # Nothing half-written: the run directory says it failed and why, and holds no training records.
+    assert read_summary(run_dir) == {"status": "failed", "error": lines[0].removeprefix("ringexp: error: ")}
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["+parallel=nope"], "Available options in 'parallel'"),
+    (["amp=fp32"], "Available options in 'amp'"),
+    (["parallel.bucket_cap=5"], "parallel.bucket_cap"),
+    (["steps=many"], "steps=many"),
+    (["amp.mode=fp8"], "fp8"),
+])
+def test_composition_errors_keep_hydras_short_message(overrides, words, tmp_path):
+    r = run_cli(tmp_path / "run", *overrides)
+    assert r.returncode == 1
+    assert words in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 15, r.stderr

@@ -1,0 +1,59 @@
+"""Every option of every config group composes against the typed schema and passes validation."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ringexp.config import ConfigError, validate
+from ringexp.train import CONF_DIR, plain
+
+GROUPS = ["model", "data", "compression", "accumulation", "amp", "optim", "logger"]
+
+
+def options(group):
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+def composed(overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return OmegaConf.create(plain(compose("train", overrides=overrides)))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes_and_validates(group, option, image_folder):
+    cfg = composed([f"{group}={option}"] + ([f"data.root={image_folder}"] if option == "image_folder" else []))
+    validate(cfg)
+    assert cfg[group] is not None
+
+
+@pytest.mark.parametrize("preset", options("parallel"))
+def test_every_parallel_preset_overlays_the_default(preset):
+    preset_yaml = OmegaConf.load(Path(CONF_DIR) / "parallel" / f"{preset}.yaml")
+    cfg = composed([f"+parallel={preset}"])
+    validate(cfg)
+    expected = preset_yaml.get("parallel", preset_yaml)  # _global_ presets nest their block
+    for key, value in expected.items():
+        assert cfg.parallel[key] == value, (preset, key)
+
+
+def test_command_line_wins_over_preset():
+    cfg = composed(["+parallel=ddp_tuned", "parallel.bucket_cap_mb=7"])
+    assert cfg.parallel.bucket_cap_mb == 7 and cfg.parallel.gradient_as_bucket_view is True
+
+
+def test_accumulation_presets_set_their_step_count():
+    assert [composed([f"accumulation={o}"]).accumulation.steps for o in ("none", "x2", "x4", "x8")] == [1, 2, 4, 8]
+
+
+def test_validation_rejects_what_composition_cannot():
+    for overrides, words in [
+        (["accumulation.steps=0"], "accumulation.steps"),
+        (["data.batch_size=0"], "batch_size"),
+        (["launcher.nproc_per_node=0"], "nproc_per_node"),
+        (["model.name=resnet_does_not_exist"], "timm"),
+        (["+parallel=single", "launcher.nproc_per_node=2"], "single"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            validate(composed(overrides))

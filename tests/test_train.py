@@ -1,0 +1,114 @@
+"""End-to-end runs of the real CLI: 2 gloo workers, real offline W&B, real records."""
+
+import glob
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import read_rows, read_summary, run_cli
+from wandb_records import history_and_summary
+
+SUMMARY_FIELDS = {
+    "status", "run_dir", "name", "group", "job_type", "strategy", "choices", "overrides", "world_size", "device",
+    "backend", "steps", "global_batch_size", "accumulation_steps", "throughput", "step_time_s", "loss", "final",
+    "best", "val_samples", "peak_memory_bytes", "grad_bytes", "wire_bytes_per_rank_per_step", "wall_time_s",
+    "versions",
+}
+ROW_FIELDS = {"train/loss", "train/lr", "train/samples_per_s", "train/step_time_s", "train/data_wait_s",
+              "train/peak_memory_bytes", "comm/wire_bytes_per_rank"}
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One 2-process run with offline W&B, shared by the tests that read its records."""
+    run_dir = tmp_path_factory.mktemp("default") / "run"
+    from conftest import TINY
+
+    r = run_cli(run_dir, *[o for o in TINY if not o.startswith("steps")], "steps=20", "name=e2e")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def test_two_process_run_writes_a_complete_summary(default_run):
+    s = read_summary(default_run)
+    assert SUMMARY_FIELDS <= set(s), SUMMARY_FIELDS - set(s)
+    assert s["status"] == "completed" and s["world_size"] == 2 and s["backend"] == "gloo"
+    assert s["strategy"] == "ddp" and s["device"] == "cpu"
+    assert set(s["choices"]) >= {"model", "data", "compression", "accumulation", "amp", "optim", "logger", "parallel"}
+    assert s["versions"]["torch"] and s["versions"]["hydra-core"].startswith("1.3")
+    t = s["throughput"]
+    assert t["median"] > 0 and t["p10"] <= t["median"] <= t["p90"]
+    # 101 validation samples on 2 ranks: every sample counted exactly once, none padded in.
+    assert s["val_samples"] == 101
+    for part in ("final", "best"):
+        assert 0 <= s[part]["auroc_macro"] <= 1 and 0 <= s[part]["f1_micro"] <= 1
+    assert s["best"]["auroc_macro"] >= s["final"]["auroc_macro"]
+    assert s["wire_bytes_per_rank_per_step"] == s["grad_bytes"]  # ring all-reduce, n=2: 2(n-1)/n = 1
+    assert s["group"] == "e2e" and s["job_type"] == "default"
+
+
+def test_loss_falls_and_every_step_is_recorded(default_run):
+    rows = read_rows(default_run)
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    assert all(ROW_FIELDS <= set(r) for r in rows)
+    loss = [r["train/loss"] for r in rows]
+    assert sum(loss[-4:]) / 4 < sum(loss[:4]) / 4 - 0.02, loss
+    assert sum("val/auroc_macro" in r for r in rows) == 4  # eval_every=6 over 20 steps, plus the end
+
+
+def test_offline_wandb_run_holds_history_and_summary(default_run):
+    files = glob.glob(str(default_run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert len(files) == 1
+    history, summary, run = history_and_summary(files[0])
+    rows = read_rows(default_run)
+    assert [h["_step"] for h in history] == [r["step"] for r in rows]
+    assert [h["train/loss"] for h in history] == pytest.approx([r["train/loss"] for r in rows])
+    assert history[-1]["val/auroc_macro"] == pytest.approx(rows[-1]["val/auroc_macro"])
+    s = read_summary(default_run)
+    best = max(r["val/auroc_macro"] for r in rows if "val/auroc_macro" in r)
+    assert summary["val/auroc_macro"]["max"] == pytest.approx(best)
+    assert summary["throughput.median"] == pytest.approx(s["throughput"]["median"])
+    assert run.run_group == "e2e" and run.job_type == "default" and run.display_name == s["name"]
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_runs_finish_on_cpu(amp, tmp_path, tiny):
+    r = run_cli(tmp_path / "run", *tiny, f"amp={amp}", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(tmp_path / "run")
+    assert s["choices"]["amp"] == amp and math.isfinite(s["loss"]["last"])
+
+
+def test_single_process_baseline(tmp_path, tiny):
+    r = run_cli(tmp_path / "run", *tiny, "+parallel=single", "accumulation=x2", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(tmp_path / "run")
+    assert s["world_size"] == 1 and s["wire_bytes_per_rank_per_step"] == 0 and s["global_batch_size"] == 32
+
+
+def test_timm_model_by_name_without_downloads(tmp_path, tiny):
+    r = run_cli(tmp_path / "run", *tiny, "model=resnet18", "steps=2", "data.batch_size=4", "logger.mode=disabled",
+                env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["grad_bytes"] > 40_000_000  # resnet18: 11 M float32 parameters
+
+
+def test_image_folder_data(tmp_path, tiny, image_folder):
+    r = run_cli(tmp_path / "run", *tiny, "data=image_folder", f"data.root={image_folder}", "data.num_workers=0",
+                "data.image_size=16", "data.batch_size=4", "steps=3", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(tmp_path / "run")["val_samples"] == 2  # 10% of 24 images held out
+
+
+def test_external_torchrun_agrees_on_one_run_directory(tmp_path, tiny):
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+              "-m", "ringexp.train"]
+    r = subprocess.run([*prefix, *tiny, "logger.mode=disabled"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1, runs
+    s = read_summary(runs[0])
+    assert s["world_size"] == 2 and s["status"] == "completed"
+    assert sorted(p.name for p in runs[0].glob("rank*.log")) == ["rank0.log", "rank1.log"]
