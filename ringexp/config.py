@@ -128,7 +128,7 @@ class ParallelConfig:
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: int = 2
+    nproc_per_node: Optional[int] = None  # null: one per visible GPU, else 2 CPU workers
     device: Device = Device.auto
     threads_per_worker: int = 0  # CPU only; 0 = cores / workers on this node
 
@@ -159,37 +159,41 @@ def register() -> None:
 register()
 
 
-def resolve_device(requested: str) -> str:
+def resolve_launcher(cfg) -> None:
+    """Make `launcher.device` and `launcher.nproc_per_node` concrete, in place, before validation.
+
+    The only place that looks at the machine: workers and records see the resolved values.
+    """
     import torch
 
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
+    if cfg.launcher.device == "auto":
+        cfg.launcher.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.launcher.nproc_per_node is None:
+        cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == "cuda" else 2
 
 
 def validate(cfg: Any) -> None:
-    """Check what composition cannot; raise ConfigError with a message that says what to do."""
+    """Resolve the launcher (in place), then check what composition cannot; raise ConfigError with a
+    message that says what to do."""
     import torch
 
     from ringexp.data import check_data
     from ringexp.models import check_model
 
+    resolve_launcher(cfg)
     unknown = list(unknown_keys(cfg, TrainConfig))
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]} (misspelt?); `+key=value` adds keys, but only keys of "
                           "ringexp's schema mean anything: see conf/ for the valid ones")
-    n = cfg.launcher.nproc_per_node
+    n, device = cfg.launcher.nproc_per_node, cfg.launcher.device
+    visible = torch.cuda.device_count() if device == "cuda" else 0
+    if device == "cuda" and visible == 0:
+        raise ConfigError("launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
     if n < 1:
         raise ConfigError(f"launcher.nproc_per_node={n}: need at least 1 worker")
-    device = resolve_device(cfg.launcher.device)
-    if device == "cuda":
-        visible = torch.cuda.device_count()
-        if visible == 0:
-            raise ConfigError("launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
-        if n > visible:
-            raise ConfigError(
-                f"launcher.nproc_per_node={n} asks for more GPUs than the {visible} visible; "
-                f"use launcher.nproc_per_node<={visible}")
+    if device == "cuda" and n > visible:
+        raise ConfigError(f"launcher.nproc_per_node={n} asks for more GPUs than the {visible} visible; "
+                          f"use launcher.nproc_per_node<={visible}")
     if cfg.parallel.strategy == Strategy.single and n != 1:
         raise ConfigError(f"parallel.strategy=single runs one process, but launcher.nproc_per_node={n}; "
                           "drop the override or use +parallel=ddp")

@@ -31,7 +31,7 @@ def run_meta(cfg) -> dict:
     overrides = list(hc.overrides.task)
     name = ",".join(overrides) or "default"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and k != "train_schema"}
-    choices.setdefault("parallel", "default")
+    choices.setdefault("parallel", plain(cfg.parallel)["strategy"])  # no preset: the default block
     multirun = hc.mode == RunMode.MULTIRUN
     sweep = Path(hc.sweep.dir).name if multirun else None
     return {
@@ -61,7 +61,9 @@ def main(cfg) -> dict | None:
         return fail(run_dir, str(e), 2)
     meta = run_meta(cfg)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
-    summary = launch(plain(cfg), run_dir, meta)
+    log.info("%s: %d %s worker(s) -> %s", meta["name"], config.launcher.nproc_per_node, config.launcher.device,
+             run_dir)
+    summary = launch(OmegaConf.to_container(config), run_dir, meta)
     if summary is not None:
         f, t = summary["final"], summary["throughput"]
         print(f"ringexp: done in {summary['wall_time_s']:.0f}s: {t['median']:.0f} samples/s (median), "
@@ -78,13 +80,13 @@ def worker_rank_main() -> None:
     overrides = [a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    config = plain(cfg)
+    config = OmegaConf.create(plain(cfg))
     try:
-        validate(OmegaConf.create(config))
+        validate(config)
     except ConfigError as e:
         print(f"ringexp: error: {e}", file=sys.stderr)
         sys.exit(2)
-    run_worker(config, None, None)
+    run_worker(OmegaConf.to_container(config), None, None)
 
 
 def cli() -> None:

@@ -13,11 +13,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] installing torch and ringexp into $VENV (a few minutes the first time)" >&2
-  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip 2>/dev/null || true
+  echo "[setup] installing torch and ringexp into $VENV (a few minutes the first time; log: $VENV/setup.log)" >&2
+  pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
   # torch first, pinned: these builds are on the local disk; an unpinned torch would download gigabytes.
-  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[dev,slurm]"
+  if ! { "${pip[@]}" torch==2.14.1 torchvision==0.29.1 && "${pip[@]}" -e "$ROOT[dev,slurm]"; } \
+      > "$VENV/setup.log" 2>&1; then
+    tail -n 30 "$VENV/setup.log" >&2
+    echo "[setup] failed; see $VENV/setup.log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

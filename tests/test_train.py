@@ -45,7 +45,7 @@ def test_two_process_run_writes_a_complete_summary(default_run):
         assert 0 <= s[part]["auroc_macro"] <= 1 and 0 <= s[part]["f1_micro"] <= 1
     assert s["best"]["auroc_macro"] >= s["final"]["auroc_macro"]
     assert s["wire_bytes_per_rank_per_step"] == s["grad_bytes"]  # ring all-reduce, n=2: 2(n-1)/n = 1
-    assert s["group"] == "e2e" and s["job_type"] == "default"
+    assert s["group"] == "e2e" and s["job_type"] == "ddp"
 
 
 def test_loss_falls_and_every_step_is_recorded(default_run):
@@ -69,7 +69,7 @@ def test_offline_wandb_run_holds_history_and_summary(default_run):
     best = max(r["val/auroc_macro"] for r in rows if "val/auroc_macro" in r)
     assert summary["val/auroc_macro"]["max"] == pytest.approx(best)
     assert summary["throughput.median"] == pytest.approx(s["throughput"]["median"])
-    assert run.run_group == "e2e" and run.job_type == "default" and run.display_name == s["name"]
+    assert run.run_group == "e2e" and run.job_type == "ddp" and run.display_name == s["name"]
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])

@@ -30,7 +30,7 @@ class WandbSink:
                 project=cfg["logger"]["project"], entity=cfg["logger"]["entity"], dir=str(run_dir),
                 mode=cfg["logger"]["mode"], group=meta["group"], job_type=meta["job_type"], name=meta["name"],
                 config={**flatten(cfg), **{f"choice.{k}": v for k, v in meta["choices"].items()}},
-                settings=wandb.Settings(console="off", silent=True),
+                settings=wandb.Settings(console="off", silent=True, init_timeout=60),
             )
             run.define_metric("val/auroc_macro", summary="max")
             run.define_metric("val/f1_macro", summary="max")
