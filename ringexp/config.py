@@ -201,6 +201,9 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"accumulation.steps={cfg.accumulation.steps}: need at least 1 micro-batch per step")
     if cfg.data.batch_size < 1:
         raise ConfigError(f"data.batch_size={cfg.data.batch_size}: need at least 1 sample per batch")
+    if cfg.data.name == "synthetic" and cfg.data.train_size < cfg.data.batch_size * n:
+        raise ConfigError(f"data.train_size={cfg.data.train_size} cannot fill one batch of {cfg.data.batch_size} "
+                          f"on each of {n} workers; raise data.train_size or lower data.batch_size")
     if cfg.steps < 1:
         raise ConfigError(f"steps={cfg.steps}: need at least 1 optimizer step")
     if cfg.eval_every < 1 or cfg.logger.log_every < 1:

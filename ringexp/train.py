@@ -26,6 +26,21 @@ def plain(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
+def checked(cfg):
+    """The composed config as a plain DictConfig, launcher resolved and validated (raises ConfigError)."""
+    config = OmegaConf.create(plain(cfg))
+    validate(config)
+    return config
+
+
+def compose_config(overrides: list):
+    """Compose and check the config without Hydra's app (no run directory): for other ranks and scripts."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return checked(compose("train", overrides=overrides))
+
+
 def run_meta(cfg) -> dict:
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
@@ -41,9 +56,14 @@ def run_meta(cfg) -> dict:
     }
 
 
+def mark_failed(run_dir: Path, error: str) -> None:
+    """A summary.json that says the run failed and why; metrics.jsonl and logs stay as they are."""
+    (run_dir / "summary.json").write_text(json.dumps({"status": "failed", "error": error}, indent=2) + "\n")
+
+
 def fail(run_dir: Path, message: str, code: int) -> None:
-    """Mark the run failed (a summary.json that says so) and print one line."""
-    (run_dir / "summary.json").write_text(json.dumps({"status": "failed", "error": message}, indent=2) + "\n")
+    """Mark the run failed and print one line."""
+    mark_failed(run_dir, message)
     print(f"ringexp: error: {message}", file=sys.stderr)
     if not HydraConfig.get().mode == RunMode.MULTIRUN:  # in a sweep, the other jobs still run
         sys.exit(code)
@@ -54,16 +74,20 @@ def main(cfg) -> dict | None:
     from ringexp.launch import launch
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    config = OmegaConf.create(plain(cfg))
     try:
-        validate(config)
+        config = checked(cfg)
     except ConfigError as e:
         return fail(run_dir, str(e), 2)
     meta = run_meta(cfg)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
     log.info("%s: %d %s worker(s) -> %s", meta["name"], config.launcher.nproc_per_node, config.launcher.device,
              run_dir)
-    summary = launch(OmegaConf.to_container(config), run_dir, meta)
+    try:
+        summary = launch(OmegaConf.to_container(config), run_dir, meta)
+    except BaseException as e:  # a crashed worker or Ctrl-C: say so in the run directory, keep the records
+        if not (run_dir / "summary.json").exists():
+            mark_failed(run_dir, repr(e)[:2000])
+        raise
     if summary is not None:
         f, t = summary["final"], summary["throughput"]
         print(f"ringexp: done in {summary['wall_time_s']:.0f}s: {t['median']:.0f} samples/s (median), "
@@ -73,16 +97,10 @@ def main(cfg) -> dict | None:
 
 def worker_rank_main() -> None:
     """A non-zero rank under an external torchrun: same config, no run directory of its own."""
-    from hydra import compose, initialize_config_dir
-
     from ringexp.loop import run_worker
 
-    overrides = [a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
-    config = OmegaConf.create(plain(cfg))
     try:
-        validate(config)
+        config = compose_config([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
     except ConfigError as e:
         print(f"ringexp: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,20 +1,18 @@
 """How much does ringexp cost over a plain PyTorch DDP loop? A benchmark, not a test.
 
-Runs, alternately and in one invocation, (a) the default ringexp experiment through its real CLI
-(`python -m ringexp.train`, W&B offline, metrics every step) and (b) a minimal DDP loop written the way
-a user would (DistributedSampler, DataLoader, DDP, AdamW, nothing else) on the same model, data, batch
-size, worker count and threads. Both time each step end to end (from the end of one step to the end of
-the next, data loading included); the median over steady steps is compared.
+In one elastic job of `launcher.nproc_per_node` workers, alternately (ABBA order, so a slow drift of the
+machine does not favour either side), the same processes run (a) ringexp's worker loop exactly as
+`python -m ringexp.train` runs it (records every step, W&B offline, evaluation) and (b) a minimal DDP loop
+written the way a user would (DistributedSampler, DataLoader, DDP, AdamW, nothing else) on the same model,
+data, batch size and threads. Both time each step end to end (from the end of one step to the end of the
+next, data loading included); the medians over steady steps are compared. Sharing processes removes the
+noise of process placement, which on a shared 2-core machine is larger than the difference measured.
 
-    python scripts/bench_overhead.py [--steps 150] [--rounds 3] [override ...]
+    python scripts/bench_overhead.py [--steps 60] [--rounds 10] [override ...]
 """
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,25 +20,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ringexp import dist as rdist
 from ringexp.data import build_datasets
 from ringexp.launch import elastic
+from ringexp.loop import train
 from ringexp.models import build_model
-from ringexp.train import CONF_DIR, plain
+from ringexp.train import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def plain_ddp_worker(cfg: dict, steps: int) -> list:
+def plain_ddp_loop(cfg, steps: int) -> list:
     """The baseline: what a minimal hand-written DDP training loop does, and nothing more."""
-    cfg = OmegaConf.create(cfg)
-    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # same as ringexp's workers
-    dist.init_process_group("gloo")
     train_ds, _, num_labels = build_datasets(cfg.data)
     torch.manual_seed(cfg.seed)
     model = DDP(build_model(cfg.model, num_labels))
@@ -61,39 +56,51 @@ def plain_ddp_worker(cfg: dict, steps: int) -> list:
             if step == steps:
                 break
         epoch += 1
-    dist.destroy_process_group()
     return times
 
 
-def run_ringexp(overrides: list, steps: int, out: Path) -> list:
-    run_dir = out / f"ringexp-{time.time_ns()}"
-    cmd = [sys.executable, "-m", "ringexp.train", f"steps={steps}", *overrides, f"hydra.run.dir={run_dir}"]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["train/step_time_s"] for r in rows]
+def bench_worker(cfg: dict, rounds: int, warmup: int, out: str):
+    cfg = OmegaConf.create(cfg)
+    env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker)  # the same threads for both
+    results = []
+    for r in range(rounds):
+        pair = {}
+        for side in (("plain", "ringexp") if r % 2 == 0 else ("ringexp", "plain")):
+            dist.barrier()
+            if side == "plain":
+                pair[side] = statistics.median(plain_ddp_loop(cfg, cfg.steps)[warmup:])
+            else:
+                run_dir = Path(out) / f"round{r}"
+                run_dir.mkdir(exist_ok=True)
+                meta = {"name": f"bench_overhead_round{r}", "group": "bench_overhead", "job_type": "ddp",
+                        "choices": {}, "overrides": []}
+                summary = train(cfg, env, run_dir, meta)
+                pair[side] = summary["step_time_s"]["median"] if summary else None
+        results.append(pair)
+    rdist.cleanup()
+    return results
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of each median")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to both (e.g. model.width=32)")
     args = ap.parse_args()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = plain(compose("train", overrides=args.overrides))
+    cfg = OmegaConf.to_container(compose_config([f"steps={args.steps}", f"throughput_warmup={args.warmup}",
+                                                 *args.overrides]))
     nproc = cfg["launcher"]["nproc_per_node"]
     print(f"model={cfg['model']['name']} batch={cfg['data']['batch_size']}/rank workers={nproc} "
           f"steps={args.steps} rounds={args.rounds} (median step time after {args.warmup} steps)")
-    ratios = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
-        for r in range(args.rounds):
-            base = elastic(plain_ddp_worker, nproc, cfg, args.steps, log_dir=Path(tmp) / f"plain{r}")[0]
-            ours = run_ringexp(args.overrides, args.steps, Path(tmp))
-            b, o = statistics.median(base[args.warmup:]), statistics.median(ours[args.warmup:])
-            ratios.append(b / o)
-            print(f"round {r + 1}: plain DDP {1000 * b:7.1f} ms/step   ringexp {1000 * o:7.1f} ms/step   "
-                  f"ringexp throughput / plain = {b / o:.3f}", flush=True)
+        results = elastic(bench_worker, nproc, cfg, args.rounds, args.warmup, tmp, log_dir=Path(tmp) / "logs")[0]
+    ratios = []
+    for r, pair in enumerate(results):
+        b, o = pair["plain"], pair["ringexp"]
+        ratios.append(b / o)
+        print(f"round {r + 1}: plain DDP {1000 * b:7.1f} ms/step   ringexp {1000 * o:7.1f} ms/step   "
+              f"ringexp throughput / plain = {b / o:.3f}")
     print(f"ratio (median of {len(ratios)} rounds): {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target >= 0.97")
 

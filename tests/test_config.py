@@ -54,6 +54,8 @@ def test_validation_rejects_what_composition_cannot():
         (["launcher.nproc_per_node=0"], "nproc_per_node"),
         (["model.name=resnet_does_not_exist"], "timm"),
         (["+parallel=single", "launcher.nproc_per_node=2"], "single"),
+        (["data.train_size=100"], "cannot fill one batch"),
+        (["launcher.device=cpu", "launcher.nproc_per_node=null", "+parallel.bucket=1"], "unknown key parallel.bucket"),
     ]:
         with pytest.raises(ConfigError, match=words):
             validate(composed(overrides))

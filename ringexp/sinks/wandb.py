@@ -1,6 +1,13 @@
 """Weights & Biases, offline by default. Best effort: any W&B failure prints one warning and training
-carries on, because metrics.jsonl and summary.json already hold every number."""
+carries on, because metrics.jsonl and summary.json already hold every number.
 
+`wandb.log` costs about a millisecond of Python per call, on rank 0 only, and every other rank waits for
+rank 0 at the next gradient all-reduce; so rows go through a queue to a thread that logs them while the
+training thread is back in compute (which releases the GIL).
+"""
+
+import queue
+import threading
 import warnings
 
 
@@ -18,6 +25,13 @@ def flatten(d: dict, prefix: str = "") -> dict:
 class WandbSink:
     def __init__(self, run):
         self.run = run
+        self.rows = queue.Queue()
+        self.thread = threading.Thread(target=self._drain, name="ringexp-wandb", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while (item := self.rows.get()) is not None:
+            self._safely(self.run.log if self.run else None, *item)
 
     @classmethod
     def open(cls, cfg, run_dir, meta):
@@ -52,12 +66,19 @@ class WandbSink:
             self.run = None
 
     def log(self, row: dict, step: int) -> None:
-        self._safely(self.run.log if self.run else None, row, step)
+        self.rows.put((row, step))
 
     def summary(self, summary: dict) -> None:
+        self._flush()
         if self.run is not None:
             self._safely(self.run.summary.update, flatten(summary))
 
     def close(self, ok: bool = True) -> None:
+        self._flush()
         if self.run is not None:
             self._safely(self.run.finish, 0 if ok else 1)
+
+    def _flush(self) -> None:
+        if self.thread.is_alive():
+            self.rows.put(None)
+            self.thread.join()
