@@ -6,9 +6,16 @@ rank 0 at the next gradient all-reduce; so rows go through a queue to a thread t
 training thread is back in compute (which releases the GIL).
 """
 
+import logging
 import queue
+import sys
 import threading
-import warnings
+
+
+def warn(message: str) -> None:
+    first_line = message.splitlines()[0] if message else message
+    print(f"ringexp: warning: {first_line}", file=sys.stderr, flush=True)
+    logging.getLogger("ringexp").warning(message)
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -51,8 +58,7 @@ class WandbSink:
             run.define_metric("train/loss", summary="min")
             return cls(run)
         except Exception as e:  # network, key, disk: never worth losing the run over
-            warnings.warn(f"W&B disabled for this run ({type(e).__name__}: {e}); records stay in {run_dir}",
-                          stacklevel=2)
+            warn(f"W&B disabled for this run ({type(e).__name__}: {e}); records stay in {run_dir}")
             return None
 
     def _safely(self, fn, *args):
@@ -61,8 +67,7 @@ class WandbSink:
         try:
             fn(*args)
         except Exception as e:
-            warnings.warn(f"W&B stopped logging ({type(e).__name__}: {e}); metrics.jsonl keeps every row",
-                          stacklevel=3)
+            warn(f"W&B stopped logging ({type(e).__name__}: {e}); metrics.jsonl keeps every row")
             self.run = None
 
     def log(self, row: dict, step: int) -> None:
