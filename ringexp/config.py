@@ -23,8 +23,16 @@ class DataError(ConfigError):
 
 
 class Strategy(str, Enum):
-    ddp = "ddp"
+    ddp = "ddp"  # DDP with the builtin all-reduce
+    ring = "ring"  # DDP with ringexp's ring as its communication hook
+    hierarchical = "hierarchical"
+    naive = "naive"
     single = "single"
+
+
+class HierarchicalVariant(str, Enum):
+    two_level = "two_level"
+    leader = "leader"
 
 
 class AmpMode(str, Enum):
@@ -124,6 +132,10 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False
+    segment_kb: int = 4096  # ring / hierarchical: pipeline segment size
+    nodes: Optional[int] = None  # hierarchical: emulated nodes; null = real nodes (world / local world size)
+    variant: HierarchicalVariant = HierarchicalVariant.two_level  # hierarchical: two_level or leader
+    timeout_s: float = 300.0  # every collective wait of ring / hierarchical / naive
 
 
 @dataclass
@@ -151,9 +163,29 @@ class TrainConfig:
     throughput_warmup: int = 10  # steps left out of the steady-state throughput
 
 
+@dataclass
+class BenchConfig:
+    """`python -m ringexp.bench`: all-reduce algorithms x message sizes x dtypes x world sizes."""
+    algorithms: List[str] = field(default_factory=lambda: ["builtin", "ring", "hierarchical", "leader", "naive"])
+    sizes: List[int] = field(default_factory=list)  # bytes; empty: min_bytes .. max_bytes by size_factor
+    min_bytes: int = 1024
+    max_bytes: int = 256 << 20
+    size_factor: int = 4
+    dtypes: List[str] = field(default_factory=lambda: ["float32"])
+    nprocs: List[int] = field(default_factory=lambda: [2, 4])
+    iters: int = 10
+    warmup: int = 2
+    segment_kb: int = 4096
+    nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size
+    timeout_s: float = 300.0
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    name: Optional[str] = None
+
+
 def register() -> None:
-    # Only the root schema: group options stay the YAML files, so Hydra's list of choices is clean.
+    # Only the root schemas: group options stay the YAML files, so Hydra's list of choices is clean.
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
 
 
 register()
@@ -208,6 +240,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"steps={cfg.steps}: need at least 1 optimizer step")
     if cfg.eval_every < 1 or cfg.logger.log_every < 1:
         raise ConfigError("eval_every and logger.log_every must be >= 1")
+    check_comm(cfg.parallel, n)
     if cfg.parallel.bucket_cap_mb <= 0:
         raise ConfigError(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb}: must be > 0")
     if cfg.optim.lr <= 0:
@@ -219,6 +252,17 @@ def validate(cfg: Any) -> None:
     check_amp(cfg.amp.mode, device)
     check_model(cfg.model.name)
     check_data(cfg.data)
+
+
+def check_comm(p, world_size: int) -> None:
+    """What the hand-written collectives need: sane segments and timeouts, nodes that divide the ranks."""
+    if p.segment_kb < 1:
+        raise ConfigError(f"parallel.segment_kb={p.segment_kb}: the ring's segments need at least 1 KiB")
+    if p.timeout_s <= 0:
+        raise ConfigError(f"parallel.timeout_s={p.timeout_s}: must be > 0 seconds")
+    if p.nodes is not None and (p.nodes < 1 or world_size % p.nodes):
+        raise ConfigError(f"parallel.nodes={p.nodes} does not divide the {world_size} workers into equal nodes; "
+                          f"use a divisor of {world_size}")
 
 
 def unknown_keys(node, schema, prefix: str = ""):

@@ -9,9 +9,13 @@ next, data loading included); the medians over steady steps are compared. Sharin
 noise of process placement, which on a shared 2-core machine is larger than the difference measured.
 
     python scripts/bench_overhead.py [--steps 60] [--rounds 10] [override ...]
+
+With `--vs "OVERRIDES"` the baseline is ringexp itself and the candidate ringexp with those overrides
+added, e.g. `--vs "+parallel=ring"`: the hand-written ring's hook against DDP's builtin all-reduce.
 """
 
 import argparse
+import shlex
 import statistics
 import tempfile
 import time
@@ -59,23 +63,26 @@ def plain_ddp_loop(cfg, steps: int) -> list:
     return times
 
 
-def bench_worker(cfg: dict, rounds: int, warmup: int, out: str):
-    cfg = OmegaConf.create(cfg)
-    env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker)  # the same threads for both
+def bench_worker(base: dict, cand: dict, rounds: int, warmup: int, out: str):
+    """base: a config, or None for the plain loop (then with cand's model and data); cand: a config."""
+    cfgs = {"base": OmegaConf.create(base) if base else None, "cand": OmegaConf.create(cand)}
+    c = cfgs["cand"]
+    env = rdist.init(c.launcher.device, c.launcher.threads_per_worker)  # the same threads for both
     results = []
     for r in range(rounds):
         pair = {}
-        for side in (("plain", "ringexp") if r % 2 == 0 else ("ringexp", "plain")):
+        for side in (("base", "cand") if r % 2 == 0 else ("cand", "base")):
             dist.barrier()
-            if side == "plain":
-                pair[side] = statistics.median(plain_ddp_loop(cfg, cfg.steps)[warmup:])
-            else:
-                run_dir = Path(out) / f"round{r}"
-                run_dir.mkdir(exist_ok=True)
-                meta = {"name": f"bench_overhead_round{r}", "group": "bench_overhead", "job_type": "ddp",
-                        "choices": {}, "overrides": []}
-                summary = train(cfg, env, run_dir, meta)
-                pair[side] = summary["step_time_s"]["median"] if summary else None
+            cfg = cfgs[side]
+            if cfg is None:
+                pair[side] = statistics.median(plain_ddp_loop(c, c.steps)[warmup:])
+                continue
+            run_dir = Path(out) / f"round{r}-{side}"
+            run_dir.mkdir(exist_ok=True)
+            meta = {"name": f"bench_{side}_round{r}", "group": "bench_overhead", "job_type": cfg.parallel.strategy,
+                    "choices": {}, "overrides": []}
+            summary = train(cfg, env, run_dir, meta)
+            pair[side] = summary["step_time_s"]["median"] if summary else None
         results.append(pair)
     rdist.cleanup()
     return results
@@ -86,24 +93,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of each median")
+    ap.add_argument("--vs", default=None, help="compare ringexp with these overrides added, not the plain loop")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to both (e.g. model.width=32)")
     args = ap.parse_args()
-    cfg = OmegaConf.to_container(compose_config([f"steps={args.steps}", f"throughput_warmup={args.warmup}",
-                                                 *args.overrides]))
-    nproc = cfg["launcher"]["nproc_per_node"]
-    print(f"model={cfg['model']['name']} batch={cfg['data']['batch_size']}/rank workers={nproc} "
+    common = [f"steps={args.steps}", f"throughput_warmup={args.warmup}", *args.overrides]
+    base = OmegaConf.to_container(compose_config(common))
+    cand = OmegaConf.to_container(compose_config(common + shlex.split(args.vs))) if args.vs else base
+    names = ("ringexp", f"ringexp {args.vs}") if args.vs else ("plain DDP", "ringexp")
+    nproc = cand["launcher"]["nproc_per_node"]
+    print(f"model={cand['model']['name']} batch={cand['data']['batch_size']}/rank workers={nproc} "
           f"steps={args.steps} rounds={args.rounds} (median step time after {args.warmup} steps)")
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
-        results = elastic(bench_worker, nproc, cfg, args.rounds, args.warmup, tmp, log_dir=Path(tmp) / "logs")[0]
+        results = elastic(bench_worker, nproc, base if args.vs else None, cand, args.rounds, args.warmup, tmp,
+                          log_dir=Path(tmp) / "logs")[0]
     ratios = []
     for r, pair in enumerate(results):
-        b, o = pair["plain"], pair["ringexp"]
+        b, o = pair["base"], pair["cand"]
         ratios.append(b / o)
-        print(f"round {r + 1}: plain DDP {1000 * b:7.1f} ms/step   ringexp {1000 * o:7.1f} ms/step   "
-              f"ringexp throughput / plain = {b / o:.3f}")
-    print(f"ratio (median of {len(ratios)} rounds): {statistics.median(ratios):.3f} "
+        print(f"round {r + 1}: {names[0]} {1000 * b:7.1f} ms/step   {names[1]} {1000 * o:7.1f} ms/step   "
+              f"throughput ratio = {b / o:.3f}")
+    print(f"{names[1]} / {names[0]} throughput (median of {len(ratios)} rounds): {statistics.median(ratios):.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target >= 0.97")
-
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ from contextlib import nullcontext
 
 from ringexp.parallel import ddp, single
 
-STRATEGIES = {"ddp": ddp, "single": single}
+STRATEGIES = {"ddp": ddp, "ring": ddp, "hierarchical": ddp, "naive": ddp, "single": single}
 
 
 def apply(model, cfg, env):
@@ -13,7 +13,7 @@ def apply(model, cfg, env):
 
 
 def wire_bytes(cfg, grad_bytes: int, world_size: int) -> int:
-    return STRATEGIES[str(cfg.parallel.strategy)].wire_bytes(grad_bytes, world_size)
+    return STRATEGIES[str(cfg.parallel.strategy)].wire_bytes(cfg, grad_bytes, world_size)
 
 
 def no_sync(model, sync: bool):

@@ -1,11 +1,23 @@
-"""PyTorch DistributedDataParallel with its builtin all-reduce (the reference every strategy is held to)."""
+"""PyTorch DistributedDataParallel: with its builtin all-reduce (strategy ddp, the reference), or with one of
+ringexp's collectives as its communication hook (ring, hierarchical, naive). DDP's own bucketing,
+bucket_cap_mb and gradient_as_bucket_view work the same either way."""
 
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ringexp import comm
+from ringexp.parallel import hooks
+
+ALGORITHM = {"ddp": "builtin", "ring": "ring", "hierarchical": "hierarchical", "naive": "naive"}
+
+
+def comm_options(p) -> dict:
+    return {"segment_bytes": p.segment_kb * 1024, "timeout_s": p.timeout_s, "nodes": p.nodes,
+            "variant": p.variant}
 
 
 def apply(model, cfg, env):
     p = cfg.parallel
-    return DDP(
+    ddp = DDP(
         model.to(env.device),
         device_ids=[env.local_rank] if env.device.type == "cuda" else None,
         bucket_cap_mb=p.bucket_cap_mb,
@@ -13,8 +25,17 @@ def apply(model, cfg, env):
         static_graph=p.static_graph,
         find_unused_parameters=p.find_unused_parameters,
     )
+    algorithm = ALGORITHM[p.strategy]
+    if algorithm != "builtin":
+        ddp.comm_state = hooks.register(ddp, algorithm, comm_options(p))
+    return ddp
 
 
-def wire_bytes(grad_bytes: int, world_size: int) -> int:
-    # A ring all-reduce (NCCL's and gloo's default) sends 2(n-1)/n of the buffer from every rank.
-    return 2 * (world_size - 1) * grad_bytes // world_size
+def wire_bytes(cfg, grad_bytes: int, world_size: int) -> int:
+    p = cfg.parallel
+    options = comm_options(p)
+    if options["nodes"] is None and p.strategy == "hierarchical":
+        import os
+
+        options["nodes"] = max(1, world_size // int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    return comm.wire_bytes(ALGORITHM[p.strategy], grad_bytes, world_size, **options)

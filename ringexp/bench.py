@@ -1,0 +1,189 @@
+"""`python -m ringexp.bench [overrides]`: all-reduce algorithms timed like nccl-tests, checked against builtin.
+
+For each world size in `nprocs` one elastic job; in it, for each dtype and message size, every algorithm is
+first checked against torch.distributed.all_reduce on the same random input (#wrong counts elements off by
+more than the dtype's tolerance), then timed: `iters` rounds, algorithms interleaved within a round so that
+the machine's drift hits all of them alike; a time is the slowest rank's, the median over rounds is kept.
+algbw = bytes / time; busbw = algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md), comparable across n.
+"""
+
+import csv
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+from ringexp.config import ConfigError
+
+log = logging.getLogger("ringexp")
+# bench name -> (ringexp.comm algorithm, options)
+VARIANTS = {
+    "builtin": ("builtin", {}),
+    "ring": ("ring", {}),
+    "hierarchical": ("hierarchical", {"variant": "two_level"}),
+    "leader": ("hierarchical", {"variant": "leader"}),
+    "naive": ("naive", {}),
+}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+def variant(name: str):
+    """'ring' or 'ring:256' (a segment size in KiB for this row only, to compare segment sizes)."""
+    base, _, seg = name.partition(":")
+    algo, opts = VARIANTS[base]
+    return algo, opts | ({"segment_bytes": int(seg) * 1024} if seg else {})
+
+
+def sizes(cfg) -> list:
+    if cfg.sizes:
+        return list(cfg.sizes)
+    out, s = [], cfg.min_bytes
+    while s <= cfg.max_bytes:
+        out.append(s)
+        s *= cfg.size_factor
+    return out
+
+
+def check(cfg) -> None:
+    unknown = [a for a in cfg.algorithms if a.partition(":")[0] not in VARIANTS or not a.partition(":")[2].isdigit()
+               and a.partition(":")[2]]
+    if unknown:
+        raise ConfigError(f"bench: unknown algorithm {unknown[0]}; choose from {', '.join(VARIANTS)}")
+    bad = [d for d in cfg.dtypes if d not in DTYPES]
+    if bad:
+        raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
+    if any(n < 1 for n in cfg.nprocs) or cfg.iters < 1 or cfg.segment_kb < 1 or cfg.min_bytes < 1:
+        raise ConfigError("bench: nprocs, iters, segment_kb and min_bytes must be >= 1")
+    if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
+        odd = [n for n in cfg.nprocs if n % cfg.nodes]
+        if odd:
+            raise ConfigError(f"bench: nodes={cfg.nodes} does not divide nprocs={odd[0]}; set nodes to a divisor")
+
+
+def bench_worker(cfg: dict) -> list:
+    from ringexp import comm
+    from ringexp import dist as rdist
+
+    cfg = OmegaConf.create(cfg)
+    env = rdist.init("cpu")
+    n, rows = env.world_size, []
+    opts = {"segment_bytes": cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": cfg.nodes}
+    algos = {name: variant(name) for name in cfg.algorithms}
+    if any(a == "hierarchical" for a, _ in algos.values()):
+        comm.hierarchical.node_groups(None, cfg.nodes)  # collective: create the node groups up front
+    for dname in cfg.dtypes:
+        dtype = DTYPES[dname]
+        for nbytes in sizes(cfg):
+            count = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+            g = torch.Generator().manual_seed(1000 * env.rank + count)
+            x = torch.randn(count, generator=g).to(dtype)
+            ref = x.clone()
+            comm.all_reduce(ref, "builtin")
+            wrong = {}
+            for name, (algo, o) in algos.items():
+                y = comm.all_reduce(x.clone(), algo, **(opts | o))
+                tol = TOLERANCE[dname] * (ref.abs().float() + 1)
+                wrong[name] = int(((y.float() - ref.float()).abs() > tol).sum())
+            bufs = {name: x.clone() for name in algos}
+            times = {name: [] for name in algos}
+            for it in range(cfg.warmup + cfg.iters):
+                for name, (algo, o) in algos.items():
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    comm.all_reduce(bufs[name], algo, **(opts | o))
+                    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    if it >= cfg.warmup:
+                        times[name].append(float(t))
+                    if bufs[name].dtype in (torch.float16, torch.bfloat16):
+                        bufs[name].copy_(x)  # repeated sums would overflow a half-precision buffer
+            base = statistics.median(times["builtin"]) if "builtin" in times else None
+            for name in algos:
+                t = statistics.median(times[name])
+                algbw = count * x.element_size() / t / 1e9
+                rows.append({
+                    "nprocs": n, "algorithm": name, "size_bytes": count * x.element_size(), "count": count,
+                    "type": dname, "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n,
+                    "wrong": wrong[name], "vs_builtin": (base / t) if base else None,
+                    "time_us_p10": 1e6 * (statistics.quantiles(times[name], n=10)[0] if len(times[name]) > 1 else t),
+                })
+            if env.is_main:
+                print_rows(rows[-len(algos):], header=nbytes == sizes(cfg)[0] and dname == cfg.dtypes[0])
+    rdist.cleanup()
+    return rows
+
+
+def fmt_size(b: int) -> str:
+    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if b >= k:
+            return f"{b / k:g}{unit}"
+    return f"{b}B"
+
+
+def print_rows(rows: list, header: bool) -> None:
+    if header:
+        print(f"\n# nprocs={rows[0]['nprocs']}  (time = median over rounds of the slowest rank; "
+              "busbw = algbw x 2(n-1)/n; x builtin = builtin time / this time)")
+        print(f"{'size':>8} {'count':>11} {'type':>9} {'algorithm':>13} {'time(us)':>11} {'algbw':>7} {'busbw':>7} "
+              f"{'#wrong':>7} {'x builtin':>9}")
+    for r in rows:
+        ratio = f"{r['vs_builtin']:.2f}" if r["vs_builtin"] else "-"
+        print(f"{fmt_size(r['size_bytes']):>8} {r['count']:>11} {r['type']:>9} {r['algorithm']:>13} "
+              f"{r['time_us']:>11.1f} {r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>7} {ratio:>9}",
+              flush=True)
+
+
+def write_results(rows: list, run_dir: Path) -> None:
+    (run_dir / "bench.json").write_text(json.dumps(rows, indent=1) + "\n")
+    with open(run_dir / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def log_wandb(cfg: dict, rows: list, run_dir: Path) -> None:
+    from ringexp.sinks.wandb import WandbSink
+
+    meta = {"group": cfg["name"] or "bench", "job_type": "bench", "name": cfg["name"] or "bench", "choices": {}}
+    sink = WandbSink.open(cfg, run_dir, meta)
+    if sink is None:
+        return
+    for i, r in enumerate(rows, start=1):
+        sink.log({f"bench/{k}": v for k, v in r.items() if isinstance(v, int | float)} | {
+            "bench/label": f"{r['algorithm']}-n{r['nprocs']}-{r['type']}"}, i)
+    sink.close()
+
+
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent.parent / "conf"),
+            config_name="bench")
+def main(cfg) -> None:
+    from ringexp.launch import elastic
+    from ringexp.train import mark_failed
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    try:
+        check(OmegaConf.create(config))
+    except ConfigError as e:
+        mark_failed(run_dir, str(e))
+        print(f"ringexp: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    rows = []
+    for n in cfg.nprocs:
+        rows += elastic(bench_worker, n, config, log_dir=run_dir / f"workers-n{n}")[0]
+    write_results(rows, run_dir)
+    log_wandb(config, rows, run_dir)
+    print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Hierarchical all-reduce over nodes: fast links inside a node, a ring only between nodes.
+
+Ranks are grouped into `nodes` nodes of m = world / nodes consecutive ranks (real nodes: the launcher's
+local world size; or emulated on one machine with parallel.nodes=N). Two variants, to compare:
+
+two_level (what NCCL and Horovod do): ring reduce-scatter inside the node, so each local rank holds the
+  node's sum of one 1/m shard; ring all-reduce of that shard among the ranks with the same local rank on
+  every node (m rings in parallel, each carrying 1/m of the data); ring all-gather inside the node.
+leader (seed article 000's): reduce to the node's first rank, ring all-reduce among those leaders,
+  broadcast inside the node. Simpler, but the leader's links carry everything and the others idle.
+"""
+
+import threading
+
+import torch.distributed as dist
+
+from ringexp.comm import ring
+from ringexp.comm.p2p import finish, work_copy
+
+VARIANTS = ("two_level", "leader")
+_groups, _lock = {}, threading.Lock()
+
+
+def node_groups(group, nodes: int):
+    """(intra-node group, inter-node group) of this rank, created once per (group, nodes).
+
+    Creating groups is collective over the whole job: every rank must reach the first call with the same
+    `nodes` (the DDP strategy does it at set-up, on the main thread)."""
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    n = len(ranks)
+    if nodes < 1 or n % nodes:
+        raise ValueError(f"nodes={nodes} must divide the {n} ranks into equal nodes")
+    key = (tuple(ranks), nodes)
+    with _lock:
+        if key not in _groups:
+            m, me = n // nodes, ranks.index(dist.get_rank())
+            intra = [dist.new_group(ranks[k * m:(k + 1) * m]) for k in range(nodes)]
+            inter = [dist.new_group(ranks[i::m]) for i in range(m)]
+            _groups[key] = (intra[me // m], inter[me % m])
+        return _groups[key]
+
+
+def default_nodes(group=None) -> int:
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group)))
+    return max(1, dist.get_world_size(group) // local)
+
+
+def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
+               segment_bytes: int = ring.DEFAULT_SEGMENT_BYTES, timeout_s=None, **_options):
+    if dist.get_world_size(group) == 1 or tensor.numel() == 0:
+        return tensor
+    if variant not in VARIANTS:
+        raise ValueError(f"hierarchical variant {variant!r}: choose {' or '.join(VARIANTS)}")
+    intra, inter = node_groups(group, nodes or default_nodes(group))
+    flat = work_copy(tensor)
+    if variant == "two_level":
+        m = dist.get_world_size(intra)
+        owned = ring.reduce_scatter(flat, intra, segment_bytes, timeout_s) if m > 1 else 0
+        b, e = ring.chunk_bounds(flat.numel(), m)[owned]
+        if e > b and dist.get_world_size(inter) > 1:
+            ring.all_reduce(flat[b:e], inter, segment_bytes, timeout_s)
+        if m > 1:
+            ring.all_gather(flat, intra, segment_bytes, timeout_s)
+    else:
+        leader = dist.get_rank(intra) == 0
+        dist.reduce(flat, group=intra, group_dst=0)
+        if leader:
+            ring.all_reduce(flat, inter, segment_bytes, timeout_s)
+        dist.broadcast(flat, group=intra, group_src=0)
+    return finish(tensor, flat)
+
+
+def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", **_options) -> int:
+    k = nodes or 1
+    m = world_size // k
+    inter = ring.wire_bytes(nbytes // m if variant == "two_level" else nbytes, k)
+    if variant == "two_level":
+        return 2 * (m - 1) * nbytes // m + inter
+    return inter + (m - 1) * nbytes  # the leader: ring traffic plus sending the result to m - 1 ranks

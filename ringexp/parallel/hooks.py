@@ -1,0 +1,59 @@
+"""A DDP communication hook that runs a ringexp collective without stalling backward.
+
+DDP calls the hook from the autograd engine as soon as a bucket's gradients are ready and expects a
+future. gloo's futures do not cover send/recv, and running the ring inline would block backward until
+the bucket is reduced. So the hook hands the bucket to one worker thread per rank and returns a future
+that the thread completes: backward computes the next bucket while this one travels. The thread runs
+collectives on a process group of its own (separate from the one the training loop uses for its
+metrics), and a single thread keeps buckets in the same order on every rank, as collectives require.
+"""
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from ringexp import comm
+
+
+class CommState:
+    def __init__(self, algorithm: str, group, options: dict):
+        self.algorithm, self.group, self.options = algorithm, group, options
+        self.world = dist.get_world_size(group)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{algorithm}")
+        # (bucket index, start, end) of recent collectives, perf_counter seconds, for overlap accounting
+        self.events = deque(maxlen=4096)
+        self.lock = threading.Lock()
+
+
+def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
+    fut = torch.futures.Future()
+    tensor = bucket.buffer()
+    index = bucket.index()
+
+    def run():
+        try:
+            t0 = time.perf_counter()
+            tensor.div_(state.world)  # average, as DDP's own hook does (divide first: no overflow)
+            comm.all_reduce(tensor, state.algorithm, group=state.group, **state.options)
+            state.events.append((index, t0, time.perf_counter()))
+            fut.set_result(tensor)
+        except BaseException as e:  # the error reaches backward() through the future
+            fut.set_exception(e)
+
+    state.executor.submit(run)
+    return fut
+
+
+def register(ddp_model, algorithm: str, options: dict) -> CommState:
+    # A group of its own: the hook thread's point-to-point traffic never interleaves with the main
+    # thread's collectives (created on the main thread, collectively, before training starts).
+    group = dist.new_group(backend=dist.get_backend())
+    if algorithm == "hierarchical":
+        comm.hierarchical.node_groups(group, options.get("nodes") or comm.hierarchical.default_nodes(group))
+    state = CommState(algorithm, group, options)
+    ddp_model.register_comm_hook(state, comm_hook)
+    return state
