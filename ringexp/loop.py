@@ -90,7 +90,7 @@ def unwrap(model):
 def run_worker(cfg: dict, run_dir, meta):
     """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary."""
     cfg = OmegaConf.create(cfg)
-    env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker)
+    env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker, cfg.parallel.timeout_s)
     try:
         # Ranks started by an external torchrun each composed the config; rank 0 alone made the run dir.
         shared = [run_dir, meta]

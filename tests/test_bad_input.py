@@ -16,6 +16,9 @@ CASES = {
     "batch size < 1": (lambda f: ["data.batch_size=0"], "data.batch_size=0"),
     "no workers": (lambda f: ["launcher.nproc_per_node=0"], "nproc_per_node=0"),
     "key added by +": (lambda f: ["+parallel.bucket_cap=5"], "unknown key parallel.bucket_cap"),
+    "nodes do not divide workers": (lambda f: ["+parallel=hierarchical", "parallel.nodes=3"],
+                                    "parallel.nodes=3 does not divide the 2 workers"),
+    "segment < 1": (lambda f: ["+parallel=ring", "parallel.segment_kb=0"], "parallel.segment_kb=0"),
     "cuda without GPUs": (lambda f: ["launcher.device=cuda"], "no GPU is visible"),
     "image folder missing": (lambda f: ["data=image_folder", f"data.root={f}/nope"], "image folder not found"),
     "image folder empty": (lambda f: ["data=image_folder", f"data.root={f}"], "holds no images"),
@@ -55,6 +58,7 @@ def test_ringexp_validation_errors_are_one_line_exit_2(case, tmp_path, image_fol
     (["parallel.bucket_cap=5"], "parallel.bucket_cap"),
     (["steps=many"], "steps=many"),
     (["amp.mode=fp8"], "fp8"),
+    (["parallel.strategy=ringg"], "ringg"),
 ])
 def test_composition_errors_keep_hydras_short_message(overrides, words, tmp_path):
     r = run_cli(tmp_path / "run", *overrides)

@@ -112,3 +112,15 @@ def test_external_torchrun_agrees_on_one_run_directory(tmp_path, tiny):
     s = read_summary(runs[0])
     assert s["world_size"] == 2 and s["status"] == "completed"
     assert sorted(p.name for p in runs[0].glob("rank*.log")) == ["rank0.log", "rank1.log"]
+
+
+@pytest.mark.parametrize("strategy", ["ring", "hierarchical", "naive"])
+def test_every_hooked_strategy_trains_with_accumulation_and_amp(strategy, tmp_path, tiny):
+    from ringexp import comm
+
+    r = run_cli(tmp_path / "run", *tiny, f"+parallel={strategy}", "accumulation=x2", "amp=bf16", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(tmp_path / "run")
+    assert s["strategy"] == strategy and s["status"] == "completed" and math.isfinite(s["loss"]["last"])
+    nodes = 2 if strategy == "hierarchical" else None
+    assert s["wire_bytes_per_rank_per_step"] == comm.wire_bytes(strategy, s["grad_bytes"], 2, nodes=nodes)

@@ -55,20 +55,29 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
         raise ValueError(f"hierarchical variant {variant!r}: choose {' or '.join(VARIANTS)}")
     intra, inter = node_groups(group, nodes or default_nodes(group))
     flat = work_copy(tensor)
+    node = dist.get_process_group_ranks(intra)
+    where = f"node of ranks {node[0]}-{node[-1]}"
+
+    def step(i, what, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # say which stage of which node failed, around the inner message
+            raise RuntimeError(f"hierarchical all-reduce ({variant}): step {i}/3, {what} ({where}): {e}") from e
+
     if variant == "two_level":
         m = dist.get_world_size(intra)
-        owned = ring.reduce_scatter(flat, intra, segment_bytes, timeout_s) if m > 1 else 0
+        owned = step(1, "intra-node reduce-scatter", ring.reduce_scatter, flat, intra, segment_bytes,
+                     timeout_s) if m > 1 else 0
         b, e = ring.chunk_bounds(flat.numel(), m)[owned]
         if e > b and dist.get_world_size(inter) > 1:
-            ring.all_reduce(flat[b:e], inter, segment_bytes, timeout_s)
+            step(2, "inter-node ring", ring.all_reduce, flat[b:e], inter, segment_bytes, timeout_s)
         if m > 1:
-            ring.all_gather(flat, intra, segment_bytes, timeout_s)
+            step(3, "intra-node all-gather", ring.all_gather, flat, intra, segment_bytes, timeout_s)
     else:
-        leader = dist.get_rank(intra) == 0
-        dist.reduce(flat, group=intra, group_dst=0)
-        if leader:
-            ring.all_reduce(flat, inter, segment_bytes, timeout_s)
-        dist.broadcast(flat, group=intra, group_src=0)
+        step(1, "reduce to the node's leader", dist.reduce, flat, group=intra, group_dst=0)
+        if dist.get_rank(intra) == 0:
+            step(2, "ring among leaders", ring.all_reduce, flat, inter, segment_bytes, timeout_s)
+        step(3, "broadcast from the leader", dist.broadcast, flat, group=intra, group_src=0)
     return finish(tensor, flat)
 
 

@@ -17,17 +17,17 @@ def all_reduce(tensor, group=None, timeout_s=None, **_options):
         buf = torch.empty_like(flat)
         for src in range(1, n):
             wait(dist.irecv(buf, group=group, group_src=src), timeout_s,
-                 f"naive all-reduce: gather step {src}/{n - 1}: nothing from rank {global_rank(group, src)}")
+                 f"naive all-reduce: step 1/2 (gather, {src}/{n - 1}): nothing from rank {global_rank(group, src)}")
             flat.add_(buf)
         sends = [(dst, dist.isend(flat, group=group, group_dst=dst)) for dst in range(1, n)]
         for dst, w in sends:
-            wait(w, timeout_s, f"naive all-reduce: broadcast step {dst}/{n - 1}: rank {global_rank(group, dst)} "
+            wait(w, timeout_s, f"naive all-reduce: step 2/2 (send back, {dst}/{n - 1}): rank {global_rank(group, dst)} "
                                "did not take the result")
     else:
         wait(dist.isend(flat, group=group, group_dst=0), timeout_s,
-             "naive all-reduce: gather: rank 0 did not take our buffer")
+             "naive all-reduce: step 1/2 (gather): rank 0 did not take our buffer")
         wait(dist.irecv(flat, group=group, group_src=0), timeout_s,
-             "naive all-reduce: broadcast: nothing from rank 0")
+             "naive all-reduce: step 2/2 (send back): nothing from rank 0")
     return finish(tensor, flat)
 
 

@@ -1,0 +1,36 @@
+"""`python -m ringexp.bench`: a real multi-process run of the nccl-tests style table, every row checked."""
+
+import csv
+import glob
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from wandb_records import history_and_summary
+
+
+def test_bench_table_checks_every_algorithm_against_builtin(tmp_path):
+    run_dir = tmp_path / "bench"
+    r = subprocess.run([sys.executable, "-m", "ringexp.bench", "sizes=[1000,65536]", "nprocs=[2,3]", "nodes=1",
+                        "iters=2", "warmup=1", f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "busbw" in r.stdout and "#wrong" in r.stdout
+    rows = list(csv.DictReader(open(run_dir / "bench.csv")))
+    assert len(rows) == 5 * 2 * 2  # algorithms x sizes x world sizes
+    assert {row["algorithm"] for row in rows} == {"builtin", "ring", "hierarchical", "leader", "naive"}
+    assert all(int(row["wrong"]) == 0 for row in rows)
+    for row in rows:
+        n, size, t = int(row["nprocs"]), int(row["size_bytes"]), float(row["time_us"])
+        assert float(row["busbw_GBps"]) == pytest.approx(size / t / 1e3 * 2 * (n - 1) / n, rel=1e-6)
+        if row["algorithm"] == "builtin":
+            assert float(row["vs_builtin"]) == 1.0
+    history, _, _ = history_and_summary(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "*.wandb"))[0])
+    assert len(history) == len(rows)
+
+
+def test_bench_refuses_nodes_that_do_not_divide(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ringexp.bench", "nprocs=[3]", "nodes=2",
+                        f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("ringexp: error: bench: nodes=2 does not divide nprocs=3")
