@@ -10,6 +10,7 @@ leader (seed article 000's): reduce to the node's first rank, ring all-reduce am
   broadcast inside the node. Simpler, but the leader's links carry everything and the others idle.
 """
 
+import os
 import threading
 
 import torch.distributed as dist
@@ -40,11 +41,9 @@ def node_groups(group, nodes: int):
         return _groups[key]
 
 
-def default_nodes(group=None) -> int:
-    import os
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size(group)))
-    return max(1, dist.get_world_size(group) // local)
+def default_nodes(world_size: int) -> int:
+    """Real nodes: the launcher's local world size is the number of ranks per node."""
+    return max(1, world_size // int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
 
 
 def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
@@ -53,7 +52,7 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
         return tensor
     if variant not in VARIANTS:
         raise ValueError(f"hierarchical variant {variant!r}: choose {' or '.join(VARIANTS)}")
-    intra, inter = node_groups(group, nodes or default_nodes(group))
+    intra, inter = node_groups(group, nodes or default_nodes(dist.get_world_size(group)))
     flat = work_copy(tensor)
     node = dist.get_process_group_ranks(intra)
     where = f"node of ranks {node[0]}-{node[-1]}"
@@ -82,7 +81,7 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
 
 
 def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", **_options) -> int:
-    k = nodes or 1
+    k = nodes or default_nodes(world_size)
     m = world_size // k
     inter = ring.wire_bytes(nbytes // m if variant == "two_level" else nbytes, k)
     if variant == "two_level":

@@ -33,9 +33,4 @@ def apply(model, cfg, env):
 
 def wire_bytes(cfg, grad_bytes: int, world_size: int) -> int:
     p = cfg.parallel
-    options = comm_options(p)
-    if options["nodes"] is None and p.strategy == "hierarchical":
-        import os
-
-        options["nodes"] = max(1, world_size // int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-    return comm.wire_bytes(ALGORITHM[p.strategy], grad_bytes, world_size, **options)
+    return comm.wire_bytes(ALGORITHM[p.strategy], grad_bytes, world_size, **comm_options(p))

@@ -53,7 +53,8 @@ def register(ddp_model, algorithm: str, options: dict) -> CommState:
     # thread's collectives (created on the main thread, collectively, before training starts).
     group = dist.new_group(backend=dist.get_backend())
     if algorithm == "hierarchical":
-        comm.hierarchical.node_groups(group, options.get("nodes") or comm.hierarchical.default_nodes(group))
+        nodes = options.get("nodes") or comm.hierarchical.default_nodes(dist.get_world_size(group))
+        comm.hierarchical.node_groups(group, nodes)
     state = CommState(algorithm, group, options)
     ddp_model.register_comm_hook(state, comm_hook)
     return state
