@@ -65,14 +65,15 @@ def overlap_worker():
     env = rdist.init("cpu")
     cfg = strategy_cfg("ring", env.world_size, bucket_cap_mb=1)
     torch.manual_seed(0)
-    # Backward reaches the big last layer first: its gradient (its own 4 MB bucket) travels while the
-    # convolutions below it are still being differentiated.
-    model = nn.Sequential(small_cnn(256, width=32), nn.ReLU(), nn.Linear(256, 4096))
+    # Backward reaches the big last layer first: its gradient (a 16 MB bucket of its own) travels while
+    # the many small layers below it are differentiated, each one a timestamp.
+    layers = [m for _ in range(40) for m in (nn.Linear(64, 64), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Linear(64, 1 << 16))
     ddp = parallel.apply(model, cfg, env)
     grad_times = []
     for p in ddp.parameters():
         p.register_post_accumulate_grad_hook(lambda _p: grad_times.append(time.perf_counter()))
-    x = torch.randn(32, 3, 32, 32)
+    x = torch.randn(32, 64)
     for _ in range(3):
         grad_times.clear()
         ddp(x).square().mean().backward()
