@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from ringexp.config import ConfigError
+from ringexp.config import CompressionConfig, ConfigError
 
 log = logging.getLogger("ringexp")
 # bench name -> (ringexp.comm algorithm, options)
@@ -54,14 +54,25 @@ def sizes(cfg) -> list:
 
 
 def check(cfg) -> None:
-    unknown = [a for a in cfg.algorithms if a.partition(":")[0] not in VARIANTS or not a.partition(":")[2].isdigit()
-               and a.partition(":")[2]]
+    def known(name):  # 'ring' or 'ring:<KiB>'
+        base, colon, kb = name.partition(":")
+        return base in VARIANTS and (not colon or kb.isdigit() and int(kb) > 0)
+
+    unknown = [a for a in cfg.algorithms if not known(a)]
     if unknown:
         raise ConfigError(f"bench: unknown algorithm {unknown[0]}; choose from {', '.join(VARIANTS)}")
+    from ringexp.compress import COMPRESSORS
+
+    odd = [c for c in cfg.compressors if c not in COMPRESSORS or c == "powersgd"]
+    if odd:
+        raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
+                          f"{', '.join(c for c in COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook)")
+    if not 0 < cfg.ratio <= 1:
+        raise ConfigError(f"bench: ratio={cfg.ratio} must be in (0, 1]")
     bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
-    if any(n < 1 for n in cfg.nprocs) or cfg.iters < 1 or cfg.segment_kb < 1 or cfg.min_bytes < 1:
+    if any(n < 1 for n in cfg.nprocs) or cfg.iters < 1 or (cfg.segment_kb or 1) < 1 or cfg.min_bytes < 1:
         raise ConfigError("bench: nprocs, iters, segment_kb and min_bytes must be >= 1")
     if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
         odd = [n for n in cfg.nprocs if n % cfg.nodes]
@@ -69,15 +80,42 @@ def check(cfg) -> None:
             raise ConfigError(f"bench: nodes={cfg.nodes} does not divide nprocs={odd[0]}; set nodes to a divisor")
 
 
+def count_wrong(x, y, c, dname: str, n: int) -> int:
+    """Elements of `y` off from builtin's sum by more than the dtype's tolerance; for a compressor, from
+    builtin's sum of every rank's locally encoded-and-decoded input, within that compressor's error bound."""
+    from ringexp import comm, compress
+
+    if c is None:
+        ref = comm.all_reduce(x.clone(), "builtin")
+        tol = TOLERANCE[dname] * (ref.abs().float() + 1)
+    else:
+        ref = comm.all_reduce(compress.roundtrip(x, c), "builtin")
+        tol = compress.tolerance(c, ref, n)
+    return int(((y.float() - ref.float()).abs() > tol).sum())
+
+
 def bench_worker(cfg: dict) -> list:
-    from ringexp import comm
+    from ringexp import comm, compress
     from ringexp import dist as rdist
 
     cfg = OmegaConf.create(cfg)
     env = rdist.init("cpu")
     n, rows = env.world_size, []
-    opts = {"segment_bytes": cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": cfg.nodes}
+    opts = {"segment_bytes": cfg.segment_kb and cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": cfg.nodes}
     algos = {name: variant(name) for name in cfg.algorithms}
+    # rows: every algorithm uncompressed, then every (algorithm, compressor) pair; compressed rows use float32
+    specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
+    for cname in cfg.compressors:
+        if cname != "none":
+            c = OmegaConf.structured(CompressionConfig(name=cname, ratio=cfg.ratio, error_feedback=False))
+            specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()}
+
+    def run(buf, spec):
+        algo, o, c = spec
+        if c is None:
+            return comm.all_reduce(buf, algo, **(opts | o))
+        return compress.all_reduce(buf, algo, compress.State(c), **(opts | o))
+
     if any(a == "hierarchical" for a, _ in algos.values()):
         comm.hierarchical.node_groups(None, cfg.nodes)  # collective: create the node groups up front
     for dname in cfg.dtypes:
@@ -86,28 +124,23 @@ def bench_worker(cfg: dict) -> list:
             count = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
             g = torch.Generator().manual_seed(1000 * env.rank + count)
             x = torch.randn(count, generator=g).to(dtype)
-            ref = x.clone()
-            comm.all_reduce(ref, "builtin")
-            wrong = {}
-            for name, (algo, o) in algos.items():
-                y = comm.all_reduce(x.clone(), algo, **(opts | o))
-                tol = TOLERANCE[dname] * (ref.abs().float() + 1)
-                wrong[name] = int(((y.float() - ref.float()).abs() > tol).sum())
-            bufs = {name: x.clone() for name in algos}
-            times = {name: [] for name in algos}
+            here = {name: spec for name, spec in specs.items() if spec[2] is None or dtype == torch.float32}
+            wrong = {name: count_wrong(x, run(x.clone(), spec), spec[2], dname, n) for name, spec in here.items()}
+            bufs = {name: x.clone() for name in here}
+            times = {name: [] for name in here}
             for it in range(cfg.warmup + cfg.iters):
-                for name, (algo, o) in algos.items():
+                for name, spec in here.items():
                     dist.barrier()
                     t0 = time.perf_counter()
-                    comm.all_reduce(bufs[name], algo, **(opts | o))
+                    run(bufs[name], spec)
                     t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
                     if it >= cfg.warmup:
                         times[name].append(float(t))
-                    if bufs[name].dtype in (torch.float16, torch.bfloat16):
-                        bufs[name].copy_(x)  # repeated sums would overflow a half-precision buffer
+                    if bufs[name].dtype != torch.float32 or spec[2] is not None:
+                        bufs[name].copy_(x)  # repeated sums would overflow a half-precision type
             base = statistics.median(times["builtin"]) if "builtin" in times else None
-            for name in algos:
+            for name in here:
                 t = statistics.median(times[name])
                 algbw = count * x.element_size() / t / 1e9
                 rows.append({
@@ -117,7 +150,7 @@ def bench_worker(cfg: dict) -> list:
                     "time_us_p10": 1e6 * (statistics.quantiles(times[name], n=10)[0] if len(times[name]) > 1 else t),
                 })
             if env.is_main:
-                print_rows(rows[-len(algos):], header=nbytes == sizes(cfg)[0] and dname == cfg.dtypes[0])
+                print_rows(rows[-len(here):], header=nbytes == sizes(cfg)[0] and dname == cfg.dtypes[0])
     rdist.cleanup()
     return rows
 

@@ -35,6 +35,11 @@ class HierarchicalVariant(str, Enum):
     leader = "leader"
 
 
+class CompressionScope(str, Enum):
+    all = "all"
+    inter_node = "inter_node"  # hierarchical: compress only the traffic between nodes
+
+
 class AmpMode(str, Enum):
     off = "off"
     bf16 = "bf16"
@@ -91,7 +96,17 @@ class DataConfig:
 
 @dataclass
 class CompressionConfig:
-    name: str = "none"
+    name: str = "none"  # none, fp16, bf16, int8, topk, randomk, sign, powersgd (conf/compression/)
+    ratio: float = 0.01  # topk / randomk: fraction of elements sent, in (0, 1]
+    error_feedback: Optional[bool] = None  # null: on for topk, randomk, sign, powersgd; off for casts and int8
+    block: int = 4096  # int8: elements per float32 scale
+    stochastic: bool = False  # int8: stochastic rounding (unbiased) instead of round-to-nearest
+    rank: int = 4  # powersgd: rank of the approximation
+    start_step: int = 2  # powersgd: uncompressed all-reduce before this step (>= 2)
+    warmup_steps: int = 0  # topk / randomk: DGC sparsity warm-up, ratio falls from warmup_ratio to ratio
+    warmup_ratio: float = 0.25
+    momentum_correction: bool = False  # topk / randomk with optim=sgd: DGC's momentum correction
+    scope: CompressionScope = CompressionScope.all  # hierarchical: all or inter_node
 
 
 @dataclass
@@ -132,7 +147,7 @@ class ParallelConfig:
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     find_unused_parameters: bool = False
-    segment_kb: int = 4096  # ring / hierarchical: pipeline segment size
+    segment_kb: Optional[int] = None  # ring / hierarchical: pipeline segment size; null = half a chunk, 1-16 MiB
     nodes: Optional[int] = None  # hierarchical: emulated nodes; null = real nodes (world / local world size)
     variant: HierarchicalVariant = HierarchicalVariant.two_level  # hierarchical: two_level or leader
     timeout_s: float = 300.0  # every collective wait of ring / hierarchical / naive
@@ -167,6 +182,8 @@ class TrainConfig:
 class BenchConfig:
     """`python -m ringexp.bench`: all-reduce algorithms x message sizes x dtypes x world sizes."""
     algorithms: List[str] = field(default_factory=lambda: ["builtin", "ring", "hierarchical", "leader", "naive"])
+    compressors: List[str] = field(default_factory=lambda: ["none"])  # each algorithm again per compressor
+    ratio: float = 0.01  # topk / randomk in the bench
     sizes: List[int] = field(default_factory=list)  # bytes; empty: min_bytes .. max_bytes by size_factor
     min_bytes: int = 1024
     max_bytes: int = 256 << 20
@@ -175,7 +192,7 @@ class BenchConfig:
     nprocs: List[int] = field(default_factory=lambda: [2, 4])
     iters: int = 10
     warmup: int = 2
-    segment_kb: int = 4096
+    segment_kb: Optional[int] = None  # null: the ring's automatic size
     nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size
     timeout_s: float = 300.0
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -247,16 +264,52 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"optim.lr={cfg.optim.lr}: must be > 0")
     if cfg.optim.grad_clip is not None and cfg.optim.grad_clip <= 0:
         raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip}: must be > 0, or null to disable")
-    if cfg.compression.name != "none":
-        raise ConfigError(f"compression={cfg.compression.name} is not available yet; use compression=none")
+    check_compression(cfg.compression, cfg.parallel.strategy, cfg.optim.name)
     check_amp(cfg.amp.mode, device)
     check_model(cfg.model.name)
     check_data(cfg.data)
 
 
+def check_compression(c, strategy, optim) -> None:
+    """What a compressor needs from the strategy and the optimizer (conf/compression/ lists the names)."""
+    from ringexp import compress
+
+    if c.name not in compress.COMPRESSORS:
+        raise ConfigError(f"compression.name={c.name}: unknown; choose from {', '.join(compress.COMPRESSORS)}")
+    if c.name == "none":
+        return
+    if strategy == Strategy.single:
+        raise ConfigError(f"compression={c.name} with parallel.strategy=single: one process sends nothing; "
+                          "use compression=none or a multi-process strategy")
+    if c.name in compress.SPARSIFIERS:
+        if not 0 < c.ratio <= 1:
+            raise ConfigError(f"compression.ratio={c.ratio}: must be in (0, 1], e.g. 0.01 for 1%")
+        if c.warmup_steps < 0 or not c.ratio <= c.warmup_ratio <= 1:
+            raise ConfigError(f"compression.warmup_ratio={c.warmup_ratio}: must be in [ratio, 1] "
+                              "(and warmup_steps >= 0)")
+    if c.name == "int8" and c.block < 1:
+        raise ConfigError(f"compression.block={c.block}: int8 needs at least 1 element per scale")
+    if c.name == "powersgd":
+        if c.rank < 1:
+            raise ConfigError(f"compression.rank={c.rank}: PowerSGD needs rank >= 1")
+        if c.start_step < 2:
+            raise ConfigError(f"compression.start_step={c.start_step}: PowerSGD needs >= 2 uncompressed steps first")
+        if strategy != Strategy.ddp:
+            raise ConfigError(f"compression=powersgd runs PyTorch's PowerSGD hook, which the {strategy} strategy "
+                              "cannot carry; use +parallel=ddp_powersgd")
+    if c.scope == CompressionScope.inter_node and (strategy != Strategy.hierarchical or not
+                                                   compress.COMPRESSORS[c.name].WIRE):
+        raise ConfigError(f"compression.scope=inter_node needs +parallel=hierarchical and fp16, bf16 or int8 "
+                          f"(got strategy {strategy}, compression={c.name})")
+    if c.momentum_correction and (c.name not in compress.SPARSIFIERS or optim != OptimName.sgd
+                                  or not compress.error_feedback(c)):
+        raise ConfigError("compression.momentum_correction needs topk or randomk, error feedback and optim=sgd "
+                          "(it moves SGD's momentum before the compressor)")
+
+
 def check_comm(p, world_size: int) -> None:
     """What the hand-written collectives need: sane segments and timeouts, nodes that divide the ranks."""
-    if p.segment_kb < 1:
+    if p.segment_kb is not None and p.segment_kb < 1:
         raise ConfigError(f"parallel.segment_kb={p.segment_kb}: the ring's segments need at least 1 KiB")
     if p.timeout_s <= 0:
         raise ConfigError(f"parallel.timeout_s={p.timeout_s}: must be > 0 seconds")

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from ringexp import comm, parallel
 from ringexp import dist as rdist
-from ringexp import parallel
 from ringexp.data import build_datasets
 from ringexp.metrics import evaluate, peak_memory_bytes, spread
 from ringexp.models import build_model, param_bytes
@@ -25,10 +25,12 @@ log = logging.getLogger("ringexp")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_optimizer(model, ocfg, global_batch: int, total_steps: int):
+def build_optimizer(model, ocfg, global_batch: int, total_steps: int, momentum_in_compressor: bool = False):
     lr = ocfg.lr * (global_batch / ocfg.base_batch_size if ocfg.scale_lr else 1.0)
     if ocfg.name == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=ocfg.momentum, weight_decay=ocfg.weight_decay)
+        # DGC's momentum correction applies the momentum before compression (ringexp.compress.feedback)
+        momentum = 0.0 if momentum_in_compressor else ocfg.momentum
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=ocfg.weight_decay)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ocfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -114,6 +116,7 @@ def train(cfg, env, run_dir: Path, meta: dict):
     model = build_model(cfg.model, num_labels)
     rdist.seed_everything(cfg.seed, env.rank)
     grad_bytes = param_bytes(model)
+    shapes = [p.shape for p in model.parameters() if p.requires_grad]
     model = parallel.apply(model, cfg, env)
 
     bs, cuda = cfg.data.batch_size, device.type == "cuda"
@@ -127,10 +130,12 @@ def train(cfg, env, run_dir: Path, meta: dict):
                             **loader_kw)
 
     global_batch = bs * k * env.world_size
-    opt, sched = build_optimizer(model, cfg.optim, global_batch, steps)
+    opt, sched = build_optimizer(model, cfg.optim, global_batch, steps, cfg.compression.momentum_correction)
     autocast = amp_context(cfg.amp.mode, device)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp.mode == "fp16")
-    wire = parallel.wire_bytes(cfg, grad_bytes, env.world_size)
+    wire = parallel.wire_bytes(cfg, shapes, env.world_size)
+    dense = comm.wire_bytes("builtin", grad_bytes, env.world_size)  # float32 all-reduce of the same gradients
+    wire_ratio = wire / dense if dense else None
     sinks = open_sinks(cfg, run_dir, meta, steps) if env.is_main else None
     log.info("rank %d/%d on %s: %s, global batch %d", env.rank, env.world_size, device, meta["name"], global_batch)
 
@@ -160,7 +165,8 @@ def train(cfg, env, run_dir: Path, meta: dict):
                 loss_mean, wait_mean = (stats / env.world_size).tolist()
                 history.append(loss_mean)
                 row = {"train/loss": loss_mean, "train/lr": lr, "train/data_wait_s": wait_mean,
-                       "train/peak_memory_bytes": peak_memory_bytes(device), "comm/wire_bytes_per_rank": wire}
+                       "train/peak_memory_bytes": peak_memory_bytes(device), "comm/wire_bytes_per_rank": wire,
+                       "comm/compression_ratio": wire_ratio}
             # Step time is end to end (data, compute, communication, logging), evaluation excluded.
             t_end = time.perf_counter()
             if row is not None:
@@ -186,7 +192,7 @@ def train(cfg, env, run_dir: Path, meta: dict):
     if not env.is_main:
         return None
     summary = make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire,
-                           int(peak.item()), time.perf_counter() - t_start)
+                           wire_ratio, int(peak.item()), time.perf_counter() - t_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     sinks.summary(summary)
     sinks.close(ok=True)
@@ -194,8 +200,8 @@ def train(cfg, env, run_dir: Path, meta: dict):
     return summary
 
 
-def make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire, peak,
-                 wall):
+def make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire, wire_ratio,
+                 peak, wall):
     from ringexp.versions import versions
 
     steady = step_times[cfg.throughput_warmup:] or step_times
@@ -221,6 +227,8 @@ def make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_bat
         "peak_memory_bytes": peak,
         "grad_bytes": grad_bytes,
         "wire_bytes_per_rank_per_step": wire,
+        # wire bytes / those of a float32 ring all-reduce of the same gradients (1.0 uncompressed on a ring)
+        "compression": {"name": cfg.compression.name, "ratio_vs_fp32_allreduce": wire_ratio},
         "wall_time_s": wall,
         "versions": versions(),
     }

@@ -35,7 +35,20 @@ def test_every_parallel_preset_overlays_the_default(preset):
     validate(cfg)
     expected = preset_yaml.get("parallel", preset_yaml)  # _global_ presets nest their block
     for key, value in expected.items():
-        assert cfg.parallel[key] == value, (preset, key)
+        if key not in ("defaults", "compression"):
+            assert cfg.parallel[key] == value, (preset, key)
+
+
+@pytest.mark.parametrize("preset,strategy,compressor", [
+    ("ring_fp16", "ring", "fp16"), ("ring_int8", "ring", "int8"), ("ddp_fp16", "ddp", "fp16"),
+    ("ddp_powersgd", "ddp", "powersgd"), ("ddp_topk", "ddp", "topk"), ("hierarchical_int8", "hierarchical", "int8")])
+def test_compression_presets_set_strategy_and_compressor_and_the_command_line_wins(preset, strategy, compressor):
+    cfg = composed([f"+parallel={preset}"])
+    assert (cfg.parallel.strategy, cfg.compression.name) == (strategy, compressor)
+    assert (cfg.compression.scope == "inter_node") == (preset == "hierarchical_int8")
+    later = "bf16" if compressor != "bf16" else "fp16"
+    assert composed([f"+parallel={preset}", f"compression={later}"]).compression.name == later
+    assert composed([f"+parallel={preset}", "compression=none"]).compression.name == "none"
 
 
 def test_command_line_wins_over_preset():

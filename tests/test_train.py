@@ -124,3 +124,19 @@ def test_every_hooked_strategy_trains_with_accumulation_and_amp(strategy, tmp_pa
     assert s["strategy"] == strategy and s["status"] == "completed" and math.isfinite(s["loss"]["last"])
     nodes = 2 if strategy == "hierarchical" else None
     assert s["wire_bytes_per_rank_per_step"] == comm.wire_bytes(strategy, s["grad_bytes"], 2, nodes=nodes)
+
+
+@pytest.mark.parametrize("preset", ["ring_fp16", "ring_int8", "ddp_fp16", "ddp_powersgd", "ddp_topk",
+                                    "hierarchical_int8"])
+def test_every_compression_preset_trains_and_reports_its_bytes(preset, tmp_path, tiny):
+    r = run_cli(tmp_path / "run", *tiny, f"+parallel={preset}", "accumulation=x2", "logger.mode=disabled")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(tmp_path / "run")
+    assert s["status"] == "completed" and s["loss"]["last"] < s["loss"]["first"]
+    ratio = s["compression"]["ratio_vs_fp32_allreduce"]
+    assert s["wire_bytes_per_rank_per_step"] == pytest.approx(ratio * s["grad_bytes"], rel=1e-6)  # n=2: ring = 1x
+    expected = {"ring_fp16": (0.5, 0.5), "ddp_fp16": (0.5, 0.5), "ring_int8": (0.25, 0.26),
+                "hierarchical_int8": (0.25, 0.26), "ddp_topk": (0.01, 0.025), "ddp_powersgd": (0.01, 0.5)}[preset]
+    assert expected[0] <= ratio <= expected[1], ratio
+    rows = [r for r in read_rows(tmp_path / "run") if "comm/wire_bytes_per_rank" in r]
+    assert rows and all(r["comm/compression_ratio"] == ratio for r in rows)

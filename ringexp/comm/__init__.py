@@ -8,6 +8,9 @@ bfloat16 inputs are summed in float32 and cast back once at the end.
     hierarchical  two levels of rings over (emulated) nodes, variant two_level or leader (hierarchical.py)
     naive         the parameter-server baseline: gather to rank 0, sum, send back (naive.py)
     builtin       torch.distributed.all_reduce, the reference
+
+ring, hierarchical and naive also take `wire=` (from ringexp.compress): a low-precision format for every
+message, with float32 sums at every hop.
 """
 
 from ringexp.comm import builtin, hierarchical, naive, ring

@@ -8,6 +8,10 @@ two_level (what NCCL and Horovod do): ring reduce-scatter inside the node, so ea
   every node (m rings in parallel, each carrying 1/m of the data); ring all-gather inside the node.
 leader (seed article 000's): reduce to the node's first rank, ring all-reduce among those leaders,
   broadcast inside the node. Simpler, but the leader's links carry everything and the others idle.
+
+With a `wire` format (ringexp.compress), `scope="inter_node"` encodes only the traffic between nodes (the slow
+links) and keeps the intra-node stages exact; `scope="all"` encodes the intra-node rings too (leader's
+intra-node reduce and broadcast are torch's and stay float32).
 """
 
 import os
@@ -47,7 +51,7 @@ def default_nodes(world_size: int) -> int:
 
 
 def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
-               segment_bytes: int = ring.DEFAULT_SEGMENT_BYTES, timeout_s=None, **_options):
+               segment_bytes=None, timeout_s=None, wire=None, scope: str = "all", **_options):
     if dist.get_world_size(group) == 1 or tensor.numel() == 0:
         return tensor
     if variant not in VARIANTS:
@@ -63,27 +67,29 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
         except Exception as e:  # say which stage of which node failed, around the inner message
             raise RuntimeError(f"hierarchical all-reduce ({variant}): step {i}/3, {what} ({where}): {e}") from e
 
+    local = wire if scope == "all" else None
     if variant == "two_level":
         m = dist.get_world_size(intra)
         owned = step(1, "intra-node reduce-scatter", ring.reduce_scatter, flat, intra, segment_bytes,
-                     timeout_s) if m > 1 else 0
+                     timeout_s, local) if m > 1 else 0
         b, e = ring.chunk_bounds(flat.numel(), m)[owned]
         if e > b and dist.get_world_size(inter) > 1:
-            step(2, "inter-node ring", ring.all_reduce, flat[b:e], inter, segment_bytes, timeout_s)
+            step(2, "inter-node ring", ring.all_reduce, flat[b:e], inter, segment_bytes, timeout_s, wire)
         if m > 1:
-            step(3, "intra-node all-gather", ring.all_gather, flat, intra, segment_bytes, timeout_s)
+            step(3, "intra-node all-gather", ring.all_gather, flat, intra, segment_bytes, timeout_s, local)
     else:
         step(1, "reduce to the node's leader", dist.reduce, flat, group=intra, group_dst=0)
         if dist.get_rank(intra) == 0:
-            step(2, "ring among leaders", ring.all_reduce, flat, inter, segment_bytes, timeout_s)
+            step(2, "ring among leaders", ring.all_reduce, flat, inter, segment_bytes, timeout_s, wire)
         step(3, "broadcast from the leader", dist.broadcast, flat, group=intra, group_src=0)
     return finish(tensor, flat)
 
 
-def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", **_options) -> int:
+def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", wire_ratio: float = 1.0,
+               scope: str = "all", **_options) -> int:
     k = nodes or default_nodes(world_size)
     m = world_size // k
-    inter = ring.wire_bytes(nbytes // m if variant == "two_level" else nbytes, k)
+    inter = ring.wire_bytes(nbytes // m if variant == "two_level" else nbytes, k, wire_ratio)
     if variant == "two_level":
-        return 2 * (m - 1) * nbytes // m + inter
+        return ring.wire_bytes(nbytes, m, wire_ratio if scope == "all" else 1.0) + inter
     return inter + (m - 1) * nbytes  # the leader: ring traffic plus sending the result to m - 1 ranks

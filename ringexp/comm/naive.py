@@ -1,6 +1,9 @@
 """The parameter-server baseline from seed article 000: everyone sends its whole buffer to rank 0, which
 sums and sends the result back to each rank. Rank 0 moves 2(n-1) buffers while the others move 2: its
-link is the bottleneck, and it grows with n, which is the point of showing it next to the ring."""
+link is the bottleneck, and it grows with n, which is the point of showing it next to the ring.
+
+With a `wire` format (ringexp.compress), workers send encoded buffers, rank 0 decodes and sums in float32 and
+sends the sum back encoded once (keeping the decoded value itself, so every rank ends with the same numbers)."""
 
 import torch
 import torch.distributed as dist
@@ -8,28 +11,59 @@ import torch.distributed as dist
 from ringexp.comm.p2p import finish, global_rank, wait, work_copy
 
 
-def all_reduce(tensor, group=None, timeout_s=None, **_options):
+def _recv_error(step: str, src: int, group) -> str:
+    return f"naive all-reduce: {step}: nothing from rank {global_rank(group, src)}"
+
+
+def _send_error(step: str, dst: int, group) -> str:
+    return f"naive all-reduce: {step}: rank {global_rank(group, dst)} did not take our data"
+
+
+def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
     n, r = dist.get_world_size(group), dist.get_rank(group)
     if n == 1 or tensor.numel() == 0:
         return tensor
     flat = work_copy(tensor)
+    encode = (lambda x: x) if wire is None else wire.encode
+    decode = (lambda p: p) if wire is None else (lambda p: wire.decode(p, flat.numel()))
     if r == 0:
-        buf = torch.empty_like(flat)
+        buf = torch.empty_like(flat) if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8)
         for src in range(1, n):
             wait(dist.irecv(buf, group=group, group_src=src), timeout_s,
-                 f"naive all-reduce: step 1/2 (gather, {src}/{n - 1}): nothing from rank {global_rank(group, src)}")
-            flat.add_(buf)
-        sends = [(dst, dist.isend(flat, group=group, group_dst=dst)) for dst in range(1, n)]
+                 _recv_error(f"step 1/2 (gather, {src}/{n - 1})", src, group))
+            flat.add_(decode(buf))
+        payload = encode(flat)
+        if wire is not None:
+            flat.copy_(decode(payload))
+        sends = [(dst, dist.isend(payload, group=group, group_dst=dst)) for dst in range(1, n)]
         for dst, w in sends:
-            wait(w, timeout_s, f"naive all-reduce: step 2/2 (send back, {dst}/{n - 1}): rank {global_rank(group, dst)} "
-                               "did not take the result")
+            wait(w, timeout_s, _send_error(f"step 2/2 (send back, {dst}/{n - 1})", dst, group))
     else:
-        wait(dist.isend(flat, group=group, group_dst=0), timeout_s,
-             "naive all-reduce: step 1/2 (gather): rank 0 did not take our buffer")
-        wait(dist.irecv(flat, group=group, group_src=0), timeout_s,
-             "naive all-reduce: step 2/2 (send back): nothing from rank 0")
+        wait(dist.isend(encode(flat), group=group, group_dst=0), timeout_s, _send_error("step 1/2 (gather)", 0, group))
+        into = flat if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8)
+        wait(dist.irecv(into, group=group, group_src=0), timeout_s, _recv_error("step 2/2 (send back)", 0, group))
+        flat.copy_(decode(into))
     return finish(tensor, flat)
 
 
-def wire_bytes(nbytes: int, world_size: int, **_options) -> int:
-    return (world_size - 1) * nbytes  # rank 0's share: the busiest link
+def all_gather(payload, buf, stride: int, group=None, timeout_s=None) -> list:
+    """Every rank's `payload` in rank order, through rank 0 (a parameter server that forwards): `buf` holds n
+    slots of `stride` bytes; returns the slots."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    slots = [buf[q * stride:(q + 1) * stride] for q in range(n)]
+    slots[r][:payload.numel()] = payload
+    if r == 0:
+        for src in range(1, n):
+            wait(dist.irecv(slots[src], group=group, group_src=src), timeout_s,
+                 _recv_error(f"all-gather step 1/2 ({src}/{n - 1})", src, group))
+        sends = [(dst, dist.isend(buf, group=group, group_dst=dst)) for dst in range(1, n)]
+        for dst, w in sends:
+            wait(w, timeout_s, _send_error(f"all-gather step 2/2 ({dst}/{n - 1})", dst, group))
+    else:
+        wait(dist.isend(slots[r], group=group, group_dst=0), timeout_s, _send_error("all-gather step 1/2", 0, group))
+        wait(dist.irecv(buf, group=group, group_src=0), timeout_s, _recv_error("all-gather step 2/2", 0, group))
+    return slots
+
+
+def wire_bytes(nbytes: int, world_size: int, wire_ratio: float = 1.0, **_options) -> int:
+    return int((world_size - 1) * nbytes * wire_ratio)  # rank 0's share: the busiest link

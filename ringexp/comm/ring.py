@@ -21,11 +21,12 @@ import torch.distributed as dist
 
 from ringexp.comm.p2p import finish, global_rank, wait, work_copy
 
-# Measured with `python -m ringexp.bench algorithms=[builtin,ring:1024,ring:2048,ring:4096,ring:8192]` on the
-# 2-core CPU machine, 1-256 MB, 2 and 4 processes: 256 KiB-1 MiB segments lose 10-40% to per-message cost;
-# 4 and 8 MiB are best and within noise of each other; 4 MiB keeps a few segments per chunk at 16 MB.
-DEFAULT_SEGMENT_BYTES = 4 << 20
-DEPTH = 4  # receives posted ahead of the one being reduced (2 was slower, 8 no better)
+# Segment size when none is given: half a chunk (two segments in flight, as gloo's own ring does), but at least
+# MIN_AUTO (each message costs a rendezvous and wake-ups: 256 KiB segments were 2x slower at 1-64 MB) and at
+# most MAX_AUTO (bounds the receive buffers). Measured with `python -m ringexp.bench
+# algorithms=[builtin,ring,ring:2048,ring:4096,ring:16384]` on the 2-core CPU machine: see the README.
+MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
+DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
 _local = threading.local()
 
@@ -53,13 +54,18 @@ def _buffers(numel: int, dtype, device) -> list:
     return bufs
 
 
-def _pipeline(flat, group, bounds, seg, steps, timeout_s) -> None:
+def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
     """Run ring steps `steps` (a range within 0 .. 2n-3) over all segments as one pipeline.
 
     Steps 0 .. n-2 are the reduce-scatter, n-1 .. 2n-3 the all-gather. In both, step s sends chunk r - s
     and receives chunk r - s - 1 (mod n): what a rank receives in step s is exactly what it sends on in
     step s + 1, so each segment is forwarded the moment it has arrived (and, in the reduce-scatter, been
-    added), and the two phases run as one pipeline with no barrier between steps."""
+    added), and the two phases run as one pipeline with no barrier between steps.
+
+    `wire` (a compressor's nbytes/encode/decode, see ringexp.compress) puts a low-precision format on the wire
+    while sums stay float32: each reduce-scatter hop decodes, adds in float32 and re-encodes; the finished
+    chunk is encoded once (and its owner keeps the decoded value, so every rank ends with the same numbers),
+    and the all-gather forwards those bytes unchanged."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
     right, left = (r + 1) % n, (r - 1) % n
     nseg = max(1, math.ceil(max(e - b for b, e in bounds) / seg))
@@ -70,27 +76,41 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s) -> None:
         lo, hi = b + j * seg, min(b + (j + 1) * seg, e)
         return flat[lo:hi] if hi > lo else None
 
-    bufs = _buffers(min(seg, flat.numel()), flat.dtype, flat.device)
-    pending, in_flight = {}, {}  # receives posted ahead; sends by the (chunk, segment) they read
+    if wire is None:
+        bufs = _buffers(min(seg, flat.numel()), flat.dtype, flat.device)
+    else:
+        bufs = _buffers(wire.nbytes(min(seg, flat.numel())), torch.uint8, flat.device)
+    pending, sends, received = {}, [], {}  # receives posted ahead; sends in flight; wire: bytes to forward
 
     def post(i):
         s, j = ops[i]
         dst = view(r - s - 1, j)
         if dst is None:
             return
-        if s < n - 1:
-            into = bufs[i % DEPTH][: dst.numel()]
-        else:  # all-gather: straight into place, once our own send from that region has left
-            into = dst
-            sent = in_flight.pop(((r - s - 1) % n, j), None)
-            if sent is not None:
-                wait(sent, timeout_s, f"ring all-reduce: rank {global_rank(group, right)} did not take our data")
+        # All-gather receives go straight into place. Our reduce-scatter send from that region may still
+        # be in flight, but that is safe: the finished sum that arrives there includes what we sent, so it
+        # cannot reach us before the right neighbour has received all of our send.
+        if wire is None:
+            into = bufs[i % DEPTH][: dst.numel()] if s < n - 1 else dst
+        else:
+            size = wire.nbytes(dst.numel())
+            into = bufs[i % DEPTH][:size] if s < n - 1 else torch.empty(size, dtype=torch.uint8, device=flat.device)
         pending[i] = (dist.irecv(into, group=group, group_src=left), dst, into)
 
     def send(s, j):
         src = view(r - s, j)
-        if src is not None:
-            in_flight[((r - s) % n, j)] = dist.isend(src, group=group, group_dst=right)
+        if src is None:
+            return
+        if wire is None:
+            payload = src
+        elif s < n - 1:  # a partial sum, re-encoded at every hop
+            payload = wire.encode(src)
+        elif s == n - 1:  # our finished segment: keep what the others will decode
+            payload = wire.encode(src)
+            src.copy_(wire.decode(payload, src.numel()))
+        else:  # the all-gather forwards what it received
+            payload = received.pop((s - 1, j))
+        sends.append((dist.isend(payload, group=group, group_dst=right), payload))
 
     for i in range(min(DEPTH, len(ops))):
         post(i)
@@ -103,44 +123,54 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s) -> None:
             wait(work, timeout_s, f"ring all-reduce: {phase}/{n - 1}, segment {j + 1}/{nseg}: "
                                   f"nothing from rank {global_rank(group, left)}")
             if s < n - 1:
-                dst.add_(into)
+                dst.add_(into if wire is None else wire.decode(into, dst.numel()))
+            elif wire is not None:
+                dst.copy_(wire.decode(into, dst.numel()))
+                if s + 1 in steps:
+                    received[(s, j)] = into
+        if s + 1 in steps:  # forward first: the right neighbour is waiting for it
+            send(s + 1, j)
         if i + DEPTH < len(ops):
             post(i + DEPTH)
-        if s + 1 in steps:
-            send(s + 1, j)
-    for work in in_flight.values():
+    for work, _payload in sends:
         wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, right)} did not take our data")
 
 
-def _segment(flat, segment_bytes: int) -> int:
+def _segment(flat, n: int, segment_bytes) -> int:
+    """Elements per segment: `segment_bytes` if given, else half a chunk within [MIN_AUTO, MAX_AUTO]."""
+    if segment_bytes is None:
+        half_chunk = math.ceil(flat.numel() * flat.element_size() / (2 * n))
+        segment_bytes = min(max(half_chunk, MIN_AUTO), MAX_AUTO)
     if segment_bytes < 1:
         raise ValueError(f"segment_bytes={segment_bytes}: must be >= 1")
     return max(1, segment_bytes // flat.element_size())
 
 
-def reduce_scatter(flat, group=None, segment_bytes: int = DEFAULT_SEGMENT_BYTES, timeout_s=None) -> int:
+def reduce_scatter(flat, group=None, segment_bytes=None, timeout_s=None, wire=None) -> int:
     """Sum `flat` over the ring so that this rank holds the full sum of one chunk; returns its index."""
     n = dist.get_world_size(group)
-    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, segment_bytes), range(n - 1), timeout_s)
+    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, n, segment_bytes), range(n - 1), timeout_s,
+              wire)
     return (dist.get_rank(group) + 1) % n
 
 
-def all_gather(flat, group=None, segment_bytes: int = DEFAULT_SEGMENT_BYTES, timeout_s=None) -> None:
+def all_gather(flat, group=None, segment_bytes=None, timeout_s=None, wire=None) -> None:
     """The inverse: every rank holds the finished chunk reduce_scatter left it; afterwards, all chunks."""
     n = dist.get_world_size(group)
-    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, segment_bytes), range(n - 1, 2 * n - 2),
-              timeout_s)
+    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, n, segment_bytes), range(n - 1, 2 * n - 2),
+              timeout_s, wire)
 
 
-def all_reduce(tensor, group=None, segment_bytes: int = DEFAULT_SEGMENT_BYTES, timeout_s=None, **_options):
+def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None, **_options):
     n = dist.get_world_size(group)
     if n == 1 or tensor.numel() == 0:
         return tensor
     flat = work_copy(tensor)
-    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, segment_bytes), range(2 * n - 2),
-              timeout_s)
+    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, n, segment_bytes), range(2 * n - 2),
+              timeout_s, wire)
     return finish(tensor, flat)
 
 
-def wire_bytes(nbytes: int, world_size: int, **_options) -> int:
-    return 2 * (world_size - 1) * nbytes // world_size if world_size > 1 else 0
+def wire_bytes(nbytes: int, world_size: int, wire_ratio: float = 1.0, **_options) -> int:
+    """`wire_ratio`: encoded / float32 bytes of a compressor on the wire (ringexp.compress)."""
+    return int(2 * (world_size - 1) * nbytes * wire_ratio) // world_size if world_size > 1 else 0

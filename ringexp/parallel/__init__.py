@@ -12,8 +12,9 @@ def apply(model, cfg, env):
     return STRATEGIES[str(cfg.parallel.strategy)].apply(model, cfg, env)
 
 
-def wire_bytes(cfg, grad_bytes: int, world_size: int) -> int:
-    return STRATEGIES[str(cfg.parallel.strategy)].wire_bytes(cfg, grad_bytes, world_size)
+def wire_bytes(cfg, shapes: list, world_size: int) -> int:
+    """Bytes the busiest rank sends per optimizer step, for gradients of these parameter shapes."""
+    return STRATEGIES[str(cfg.parallel.strategy)].wire_bytes(cfg, shapes, world_size)
 
 
 def no_sync(model, sync: bool):

@@ -1,17 +1,23 @@
 """PyTorch DistributedDataParallel: with its builtin all-reduce (strategy ddp, the reference), or with one of
 ringexp's collectives as its communication hook (ring, hierarchical, naive). DDP's own bucketing,
-bucket_cap_mb and gradient_as_bucket_view work the same either way."""
+bucket_cap_mb and gradient_as_bucket_view work the same either way.
 
+Compression: with the builtin all-reduce, PyTorch's own hooks where they exist (fp16/bf16 compress hooks,
+PowerSGD); every other combination goes through ringexp's hook and ringexp.compress."""
+
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import comm
+from ringexp import compress
 from ringexp.parallel import hooks
+
+TORCH_CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
 ALGORITHM = {"ddp": "builtin", "ring": "ring", "hierarchical": "hierarchical", "naive": "naive"}
 
 
 def comm_options(p) -> dict:
-    return {"segment_bytes": p.segment_kb * 1024, "timeout_s": p.timeout_s, "nodes": p.nodes,
+    return {"segment_bytes": p.segment_kb and p.segment_kb * 1024, "timeout_s": p.timeout_s, "nodes": p.nodes,
             "variant": p.variant}
 
 
@@ -25,12 +31,18 @@ def apply(model, cfg, env):
         static_graph=p.static_graph,
         find_unused_parameters=p.find_unused_parameters,
     )
-    algorithm = ALGORITHM[p.strategy]
-    if algorithm != "builtin":
-        ddp.comm_state = hooks.register(ddp, algorithm, comm_options(p))
+    algorithm, c = ALGORITHM[p.strategy], cfg.compression
+    if c.name == "powersgd":
+        ddp.comm_state = compress.powersgd.register(ddp, c, compress.error_feedback(c))
+    elif algorithm == "builtin" and c.name in TORCH_CAST_HOOKS:
+        ddp.register_comm_hook(None, TORCH_CAST_HOOKS[c.name])
+    elif algorithm != "builtin" or c.name != "none":
+        state = None if c.name == "none" else compress.State(c, momentum=cfg.optim.momentum)
+        ddp.comm_state = hooks.register(ddp, algorithm, comm_options(p) | {"scope": str(c.scope)}, state)
     return ddp
 
 
-def wire_bytes(cfg, grad_bytes: int, world_size: int) -> int:
+def wire_bytes(cfg, shapes: list, world_size: int) -> int:
     p = cfg.parallel
-    return comm.wire_bytes(ALGORITHM[p.strategy], grad_bytes, world_size, **comm_options(p))
+    numel = sum(s.numel() for s in shapes)
+    return compress.wire_bytes(cfg.compression, ALGORITHM[p.strategy], numel, world_size, shapes, **comm_options(p))

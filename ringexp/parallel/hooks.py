@@ -16,12 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from ringexp import comm
+from ringexp import comm, compress
 
 
 class CommState:
-    def __init__(self, algorithm: str, group, options: dict):
+    def __init__(self, algorithm: str, group, options: dict, compressor=None):
         self.algorithm, self.group, self.options = algorithm, group, options
+        self.compressor = compressor  # a ringexp.compress.State (error feedback lives there), or None
         self.world = dist.get_world_size(group)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{algorithm}")
         # (bucket index, start, end) of recent collectives, perf_counter seconds, for overlap accounting
@@ -38,7 +39,10 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
         try:
             t0 = time.perf_counter()
             tensor.div_(state.world)  # average, as DDP's own hook does (divide first: no overflow)
-            comm.all_reduce(tensor, state.algorithm, group=state.group, **state.options)
+            if state.compressor is None:
+                comm.all_reduce(tensor, state.algorithm, group=state.group, **state.options)
+            else:
+                compress.all_reduce(tensor, state.algorithm, state.compressor, index, state.group, **state.options)
             state.events.append((index, t0, time.perf_counter()))
             fut.set_result(tensor)
         except BaseException as e:  # the error reaches backward() through the future
@@ -48,13 +52,13 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
-def register(ddp_model, algorithm: str, options: dict) -> CommState:
+def register(ddp_model, algorithm: str, options: dict, compressor=None) -> CommState:
     # A group of its own: the hook thread's point-to-point traffic never interleaves with the main
     # thread's collectives (created on the main thread, collectively, before training starts).
     group = dist.new_group(backend=dist.get_backend())
     if algorithm == "hierarchical":
         nodes = options.get("nodes") or comm.hierarchical.default_nodes(dist.get_world_size(group))
         comm.hierarchical.node_groups(group, nodes)
-    state = CommState(algorithm, group, options)
+    state = CommState(algorithm, group, options, compressor)
     ddp_model.register_comm_hook(state, comm_hook)
     return state

@@ -1,0 +1,165 @@
+"""Gradient compressors, one module each, registered by name, and how a compressed bucket crosses the wire.
+
+A compressor module has `WIRE` (element-wise: usable on any segment, so inside the hand-written ring at every
+hop), `sum_dtype(c)` (the payload, viewed as this dtype, can be summed across ranks; None if not),
+`nbytes(numel, c, ctx)`, `encode(x, c, ctx) -> uint8 payload` and `decode(payload, numel, c, ctx) -> float32`.
+`c` is the `compression` config, `ctx` the step, bucket and current ratio (the same on every rank).
+
+How a bucket travels (`all_reduce`), by compressor and algorithm:
+- WIRE (fp16, bf16, int8) with ring / hierarchical / naive: the collective itself encodes each message and
+  accumulates in float32 at every hop (`hierarchical` with scope=inter_node: only between nodes);
+- summable payload (fp16/bf16 with builtin, random-k): encode, all-reduce the payload, decode;
+- anything else (int8 with builtin, top-k, sign): all-gather the payloads and sum them locally.
+Error feedback (`feedback.py`) wraps all three: it adds the residual before encoding and keeps what the
+local encoding lost. PowerSGD is PyTorch's own hook, registered by `parallel/ddp.py`.
+"""
+
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from ringexp import comm
+from ringexp.compress import cast, feedback, int8, powersgd, randomk, sign, topk
+
+COMPRESSORS = {"none": None, "fp16": cast, "bf16": cast, "int8": int8, "topk": topk, "randomk": randomk,
+               "sign": sign, "powersgd": powersgd}
+SPARSIFIERS = ("topk", "randomk")
+EF_DEFAULT = ("topk", "randomk", "sign", "powersgd")  # lossy enough that dropping the residual hurts
+
+
+def error_feedback(c) -> bool:
+    return c.name in EF_DEFAULT if c.error_feedback is None else bool(c.error_feedback)
+
+
+def ratio_at(c, step: int) -> float:
+    """Sparsity warm-up (Deep Gradient Compression): the ratio falls geometrically from warmup_ratio to ratio
+    over the first warmup_steps steps, so early, large gradients are not cut to 1% at once."""
+    if c.name not in SPARSIFIERS or step >= c.warmup_steps:
+        return c.ratio if c.name in SPARSIFIERS else 1.0
+    return c.warmup_ratio * (c.ratio / c.warmup_ratio) ** (step / c.warmup_steps)
+
+
+def context(c, step: int, bucket: int):
+    return SimpleNamespace(step=step, bucket=bucket, ratio=ratio_at(c, step))
+
+
+def wire_codec(c, ctx):
+    """(nbytes, encode, decode) for the collectives to apply per message, or None for plain float."""
+    m = COMPRESSORS[c.name]
+    if m is None or not m.WIRE:
+        return None
+    return SimpleNamespace(nbytes=lambda n: m.nbytes(n, c, ctx), encode=lambda x: m.encode(x, c, ctx),
+                           decode=lambda p, n: m.decode(p, n, c, ctx))
+
+
+class State:
+    """Per-rank compressor state: the step count per bucket, error-feedback residuals and DGC momentum.
+    `state_dict()` holds everything a resumed run needs to continue bit-for-bit."""
+
+    def __init__(self, c, momentum: float = 0.0):
+        self.c, self.momentum = c, momentum
+        self.ef = error_feedback(c)
+        self.steps, self.residual, self.velocity = {}, {}, {}
+
+    def state_dict(self) -> dict:
+        return {"steps": dict(self.steps), "residual": dict(self.residual), "velocity": dict(self.velocity)}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.steps, self.residual, self.velocity = dict(d["steps"]), dict(d["residual"]), dict(d["velocity"])
+
+
+def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None, **options):
+    """Sum `tensor` (float32, contiguous) over `group` through compressor `state.c`; in place, returns it."""
+    c = state.c
+    m = COMPRESSORS[c.name]
+    step = state.steps.get(bucket, 0)
+    state.steps[bucket] = step + 1
+    ctx = context(c, step, bucket)
+    flat = tensor.view(-1)
+    x = feedback.before(flat, state, bucket)
+    payload = m.encode(x, c, ctx) if state.ef or not (m.WIRE and algorithm != "builtin") else None
+    if m.WIRE and algorithm != "builtin":
+        flat.copy_(x)
+        comm.all_reduce(flat, algorithm, group=group, wire=wire_codec(c, ctx), **options)
+    elif m.sum_dtype(c) is not None:
+        summed = comm.all_reduce(payload.clone().view(m.sum_dtype(c)), algorithm, group=group, **options)
+        flat.copy_(m.decode(summed.view(torch.uint8), flat.numel(), c, ctx))
+    else:
+        gathered = all_gather(payload, algorithm, group, options.get("timeout_s"))
+        flat.copy_(sum(m.decode(p, flat.numel(), c, ctx) for p in gathered))  # same order on every rank
+    if state.ef:
+        feedback.after(x, m.decode(payload, flat.numel(), c, ctx), state, bucket)
+    return tensor
+
+
+def all_gather(payload, algorithm: str, group=None, timeout_s=None) -> list:
+    """Every rank's payload (same size on all), in rank order. builtin: torch's all_gather; naive: through
+    rank 0, as a parameter server would; ring and hierarchical: the hand-written ring's all-gather."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    if n == 1:
+        return [payload]
+    size = payload.numel()
+    if algorithm == "builtin":
+        out = [torch.empty_like(payload) for _ in range(n)]
+        dist.all_gather(out, payload, group=group)
+        return out
+    stride = -(-size // 8) * 8  # slots 8-byte aligned, so decode can view their bytes as float32 / int32
+    buf = torch.zeros(n * stride, dtype=torch.uint8, device=payload.device)
+    if algorithm == "naive":
+        slots = comm.naive.all_gather(payload, buf, stride, group, timeout_s)
+    else:  # the ring's all-gather starts with each rank holding chunk r + 1 (where its reduce-scatter leaves it)
+        buf[(r + 1) % n * stride:][:size] = payload
+        comm.ring.all_gather(buf, group, timeout_s=timeout_s)
+        slots = [buf[(q + 1) % n * stride:][:stride] for q in range(n)]
+    return [s[:size] for s in slots]
+
+
+def roundtrip(x, c, ctx=None):
+    """decode(encode(x)): what one rank's contribution becomes on the wire."""
+    m = COMPRESSORS[c.name]
+    ctx = ctx or context(c, 0, 0)
+    return m.decode(m.encode(x.float().reshape(-1), c, ctx), x.numel(), c, ctx)
+
+
+def tolerance(c, ref, n: int):
+    """How far a compressed all-reduce may be from the builtin sum of every rank's roundtrip(x): the ring
+    and the parameter server re-encode partial sums (at most n times per element); elsewhere it is exact
+    up to float32 summation order."""
+    m = COMPRESSORS[c.name]
+    big = ref.abs().float().max() if ref.numel() else torch.zeros(())
+    if m is int8:
+        return 2 * (n + 1) * big / 127 + 1e-6  # half a step per re-encoding, steps of max/127, 2x margin
+    if m is cast:
+        eps = torch.finfo(cast.DTYPES[c.name]).eps
+        return 2 * (n + 1) * eps * (ref.abs().float() + big) + 1e-6
+    return 1e-5 * (ref.abs().float() + 1)
+
+
+def payload_bytes(c, numel: int) -> int:
+    """Bytes one rank's encoded gradient of `numel` elements takes, once warm-up is over."""
+    m = COMPRESSORS[c.name]
+    return 4 * numel if m is None else m.nbytes(numel, c, context(c, 1 << 30, 0))
+
+
+def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **options) -> int:
+    """Bytes the busiest rank sends per step for gradients of `numel` float32 elements."""
+    n = world_size
+    if n == 1:
+        return 0
+    m = COMPRESSORS[c.name]
+    if m is None:
+        return comm.wire_bytes(algorithm, 4 * numel, n, **options)
+    if m is powersgd:
+        return comm.wire_bytes("builtin", 4 * powersgd.wire_numel(shapes, c), n)
+    if m.WIRE and algorithm != "builtin":
+        return comm.wire_bytes(algorithm, 4 * numel, n, wire_ratio=payload_bytes(c, numel) / (4 * numel),
+                               scope=c.scope, **options)
+    if m.sum_dtype(c) is not None:
+        return comm.wire_bytes(algorithm, payload_bytes(c, numel), n, **options)
+    per_rank = payload_bytes(c, numel)
+    # an all-gather: ring-like ones send n - 1 payloads; rank 0 of the naive one sends n payloads to n - 1 ranks
+    return (n - 1) * n * per_rank if algorithm == "naive" else (n - 1) * per_rank
+
+
+__all__ = ["COMPRESSORS", "State", "all_reduce", "all_gather", "wire_bytes", "payload_bytes"]

@@ -1,0 +1,34 @@
+"""PowerSGD (Vogels et al. 2019), rank r: PyTorch's own DDP hook, not a rewrite. Its P and Q factors are
+all-reduced with the builtin collective, so it composes with strategy ddp only (validated before launch).
+Before `start_step` (>= 2, as torch requires for error feedback to warm up) it all-reduces uncompressed."""
+
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+WIRE = False
+
+
+def sum_dtype(c):
+    return None
+
+
+def register(ddp_model, c, error_feedback: bool):
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=c.rank, start_powerSGD_iter=max(2, c.start_step),
+        use_error_feedback=error_feedback, warm_start=True)
+    ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return state
+
+
+def wire_numel(shapes, c) -> int:
+    """Elements all-reduced per step once compression has started, by torch's rule: a matrix (n x m, m = the
+    rest of the dims) is sent as P (n x r) and Q (m x r) when that is at least 2x smaller, else as it is;
+    vectors (biases, norms) are sent uncompressed."""
+    total = 0
+    for shape in shapes:
+        if len(shape) <= 1:
+            total += shape.numel()
+            continue
+        n, m = shape[0], shape.numel() // shape[0]
+        r = min(c.rank, n, m)
+        total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+    return total
