@@ -13,8 +13,8 @@ def row(s: dict) -> list:
     over = dict(o.split("=", 1) for o in s.get("overrides", []) if "=" in o)
     c = s.get("compression", {})
     ef = over.get("compression.error_feedback", "default")
-    dgc = ", ".join(k.split(".")[1] + "=" + over[k] for k in ("compression.warmup_steps", "compression.momentum_correction")
-                    if k in over) or "-"
+    dgc_keys = ("compression.warmup_steps", "compression.momentum_correction")
+    dgc = ", ".join(k.split(".")[1] + "=" + over[k] for k in dgc_keys if k in over) or "-"
     return [c.get("name", "none"), over.get("compression.ratio", "-"), ef, s["choices"].get("optim", "?"), dgc,
             f"{c.get('ratio_vs_fp32_allreduce') or 0:.4f}", f"{s['final']['auroc_macro']:.3f}",
             f"{s['final']['f1_macro']:.3f}", f"{s['throughput']['median']:.0f}"]

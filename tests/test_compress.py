@@ -83,7 +83,7 @@ def test_sparsity_warmup_ramps_the_ratio_down_to_its_target():
     c = cfg("topk", ratio=0.01, warmup_steps=10, warmup_ratio=0.25)
     ratios = [compress.ratio_at(c, s) for s in range(12)]
     assert ratios[0] == 0.25 and ratios[10] == ratios[11] == 0.01
-    assert all(a > b for a, b in zip(ratios[:10], ratios[1:11]))
+    assert all(a > b for a, b in zip(ratios[:10], ratios[1:11], strict=True))
 
 
 @pytest.mark.parametrize("name", ["topk", "randomk", "sign", "int8"])

@@ -26,8 +26,12 @@ def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
     flat = work_copy(tensor)
     encode = (lambda x: x) if wire is None else wire.encode
     decode = (lambda p: p) if wire is None else (lambda p: wire.decode(p, flat.numel()))
+
+    def receive_buffer():
+        return flat if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device)
+
     if r == 0:
-        buf = torch.empty_like(flat) if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8)
+        buf = torch.empty_like(flat) if wire is None else receive_buffer()
         for src in range(1, n):
             wait(dist.irecv(buf, group=group, group_src=src), timeout_s,
                  _recv_error(f"step 1/2 (gather, {src}/{n - 1})", src, group))
@@ -40,7 +44,7 @@ def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
             wait(w, timeout_s, _send_error(f"step 2/2 (send back, {dst}/{n - 1})", dst, group))
     else:
         wait(dist.isend(encode(flat), group=group, group_dst=0), timeout_s, _send_error("step 1/2 (gather)", 0, group))
-        into = flat if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8)
+        into = receive_buffer()
         wait(dist.irecv(into, group=group, group_src=0), timeout_s, _recv_error("step 2/2 (send back)", 0, group))
         flat.copy_(decode(into))
     return finish(tensor, flat)
