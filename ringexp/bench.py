@@ -10,6 +10,7 @@ algbw = bytes / time; busbw = algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md), com
 import csv
 import json
 import logging
+import math
 import statistics
 import sys
 import time
@@ -128,17 +129,23 @@ def bench_worker(cfg: dict) -> list:
             wrong = {name: count_wrong(x, run(x.clone(), spec), spec[2], dname, n) for name, spec in here.items()}
             bufs = {name: x.clone() for name in here}
             times = {name: [] for name in here}
-            for it in range(cfg.warmup + cfg.iters):
+            rounds, it = cfg.warmup + cfg.iters, 0
+            while it < rounds:
+                round_s = 0.0
                 for name, spec in here.items():
                     dist.barrier()
                     t0 = time.perf_counter()
                     run(bufs[name], spec)
                     t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the same number on every rank
+                    round_s += float(t)
                     if it >= cfg.warmup:
                         times[name].append(float(t))
                     if bufs[name].dtype != torch.float32 or spec[2] is not None:
                         bufs[name].copy_(x)  # repeated sums would overflow a half-precision type
+                if it == cfg.warmup:  # small sizes are noisy: more rounds, until about min_time_s in all
+                    rounds += min(19 * cfg.iters, max(0, math.ceil(cfg.min_time_s / round_s) - cfg.iters))
+                it += 1
             base = statistics.median(times["builtin"]) if "builtin" in times else None
             for name in here:
                 t = statistics.median(times[name])

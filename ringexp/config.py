@@ -191,6 +191,7 @@ class BenchConfig:
     dtypes: List[str] = field(default_factory=lambda: ["float32"])
     nprocs: List[int] = field(default_factory=lambda: [2, 4])
     iters: int = 10
+    min_time_s: float = 2.0  # more rounds (up to 20x iters) for sizes whose iters rounds take less
     warmup: int = 2
     segment_kb: Optional[int] = None  # null: the ring's automatic size
     nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size

@@ -13,13 +13,15 @@ from wandb_records import history_and_summary
 def test_bench_table_checks_every_algorithm_against_builtin(tmp_path):
     run_dir = tmp_path / "bench"
     r = subprocess.run([sys.executable, "-m", "ringexp.bench", "sizes=[1000,65536]", "nprocs=[2,3]", "nodes=1",
-                        "iters=2", "warmup=1", f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True,
+                        "compressors=[none,fp16,topk]", "iters=2", "warmup=1", "min_time_s=0",
+                        f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "busbw" in r.stdout and "#wrong" in r.stdout
     rows = list(csv.DictReader(open(run_dir / "bench.csv")))
-    assert len(rows) == 5 * 2 * 2  # algorithms x sizes x world sizes
-    assert {row["algorithm"] for row in rows} == {"builtin", "ring", "hierarchical", "leader", "naive"}
+    assert len(rows) == 5 * 3 * 2 * 2  # algorithms x compressors x sizes x world sizes
+    algos = {"builtin", "ring", "hierarchical", "leader", "naive"}
+    assert {row["algorithm"] for row in rows} == algos | {f"{a}+{c}" for a in algos for c in ("fp16", "topk")}
     assert all(int(row["wrong"]) == 0 for row in rows)
     for row in rows:
         n, size, t = int(row["nprocs"]), int(row["size_bytes"]), float(row["time_us"])
