@@ -170,3 +170,12 @@ def test_wire_bytes_of_each_compressor():
     int8 = compress.wire_bytes(cfg("int8", block=4096, scope="inter_node"), "hierarchical", numel, 4, nodes=2)
     exact = compress.wire_bytes(cfg("none"), "hierarchical", numel, 4, nodes=2)
     assert exact > int8 > exact // 2  # only the inter-node half of the traffic shrinks
+
+
+def test_sign_keeps_one_scale_per_parameter_of_a_bucket():
+    c = cfg("sign")
+    x = torch.cat([torch.full((10,), 100.0), torch.full((5,), -0.01)])
+    ctx = compress.context(c, 0, 0, layout=[10, 5])
+    payload = compress.sign.encode(x, c, ctx)
+    assert payload.numel() == compress.sign.nbytes(15, c, ctx) == 2 * 4 + 2
+    assert torch.allclose(compress.sign.decode(payload, 15, c, ctx), x)

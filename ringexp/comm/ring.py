@@ -29,6 +29,7 @@ MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
 DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
 _local = threading.local()
+_POST_FIRST = __import__('os').environ.get('RX_POST_FIRST') == '1'  # TEMP
 
 
 def chunk_bounds(numel: int, n: int) -> list:
@@ -128,9 +129,11 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
                 dst.copy_(wire.decode(into, dst.numel()))
                 if s + 1 in steps:
                     received[(s, j)] = into
+        if _POST_FIRST and i + DEPTH < len(ops):  # TEMP experiment
+            post(i + DEPTH)
         if s + 1 in steps:  # forward first: the right neighbour is waiting for it
             send(s + 1, j)
-        if i + DEPTH < len(ops):
+        if not _POST_FIRST and i + DEPTH < len(ops):
             post(i + DEPTH)
     for work, _payload in sends:
         wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, right)} did not take our data")

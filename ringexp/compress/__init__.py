@@ -3,7 +3,8 @@
 A compressor module has `WIRE` (element-wise: usable on any segment, so inside the hand-written ring at every
 hop), `sum_dtype(c)` (the payload, viewed as this dtype, can be summed across ranks; None if not),
 `nbytes(numel, c, ctx)`, `encode(x, c, ctx) -> uint8 payload` and `decode(payload, numel, c, ctx) -> float32`.
-`c` is the `compression` config, `ctx` the step, bucket and current ratio (the same on every rank).
+`c` is the `compression` config, `ctx` the step, bucket, current ratio and the sizes of the parameters the
+bucket holds (`layout`, None outside DDP), the same on every rank.
 
 How a bucket travels (`all_reduce`), by compressor and algorithm:
 - WIRE (fp16, bf16, int8) with ring / hierarchical / naive: the collective itself encodes each message and
@@ -40,8 +41,8 @@ def ratio_at(c, step: int) -> float:
     return c.warmup_ratio * (c.ratio / c.warmup_ratio) ** (step / c.warmup_steps)
 
 
-def context(c, step: int, bucket: int):
-    return SimpleNamespace(step=step, bucket=bucket, ratio=ratio_at(c, step))
+def context(c, step: int, bucket: int, layout=None):
+    return SimpleNamespace(step=step, bucket=bucket, ratio=ratio_at(c, step), layout=layout)
 
 
 def wire_codec(c, ctx):
@@ -69,13 +70,14 @@ class State:
         self.steps, self.residual, self.velocity = dict(d["steps"]), dict(d["residual"]), dict(d["velocity"])
 
 
-def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None, **options):
-    """Sum `tensor` (float32, contiguous) over `group` through compressor `state.c`; in place, returns it."""
+def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None, layout=None, **options):
+    """Sum `tensor` (float32, contiguous) over `group` through compressor `state.c`; in place, returns it.
+    `layout`: sizes of the parameters packed in `tensor` (a DDP bucket), for per-parameter scales."""
     c = state.c
     m = COMPRESSORS[c.name]
     step = state.steps.get(bucket, 0)
     state.steps[bucket] = step + 1
-    ctx = context(c, step, bucket)
+    ctx = context(c, step, bucket, layout)
     flat = tensor.view(-1)
     x = feedback.before(flat, state, bucket)
     payload = m.encode(x, c, ctx) if state.ef or not (m.WIRE and algorithm != "builtin") else None
@@ -136,10 +138,10 @@ def tolerance(c, ref, n: int):
     return 1e-5 * (ref.abs().float() + 1)
 
 
-def payload_bytes(c, numel: int) -> int:
+def payload_bytes(c, numel: int, layout=None) -> int:
     """Bytes one rank's encoded gradient of `numel` elements takes, once warm-up is over."""
     m = COMPRESSORS[c.name]
-    return 4 * numel if m is None else m.nbytes(numel, c, context(c, 1 << 30, 0))
+    return 4 * numel if m is None else m.nbytes(numel, c, context(c, 1 << 30, 0, layout))
 
 
 def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **options) -> int:
@@ -157,7 +159,7 @@ def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **opti
                                scope=c.scope, **options)
     if m.sum_dtype(c) is not None:
         return comm.wire_bytes(algorithm, payload_bytes(c, numel), n, **options)
-    per_rank = payload_bytes(c, numel)
+    per_rank = payload_bytes(c, numel, [s.numel() for s in shapes] or None)
     # an all-gather: ring-like ones send n - 1 payloads; rank 0 of the naive one sends n payloads to n - 1 ranks
     return (n - 1) * n * per_rank if algorithm == "naive" else (n - 1) * per_rank
 

@@ -34,6 +34,7 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     fut = torch.futures.Future()
     tensor = bucket.buffer()
     index = bucket.index()
+    layout = [p.numel() for p in bucket.parameters()] if state.compressor is not None else None
 
     def run():
         try:
@@ -42,7 +43,8 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
             if state.compressor is None:
                 comm.all_reduce(tensor, state.algorithm, group=state.group, **state.options)
             else:
-                compress.all_reduce(tensor, state.algorithm, state.compressor, index, state.group, **state.options)
+                compress.all_reduce(tensor, state.algorithm, state.compressor, index, state.group, layout,
+                                    **state.options)
             state.events.append((index, t0, time.perf_counter()))
             fut.set_result(tensor)
         except BaseException as e:  # the error reaches backward() through the future
