@@ -141,8 +141,7 @@ def bench_worker(cfg: dict) -> list:
                     round_s += float(t)
                     if it >= cfg.warmup:
                         times[name].append(float(t))
-                    if bufs[name].dtype != torch.float32 or spec[2] is not None:
-                        bufs[name].copy_(x)  # repeated sums would overflow a half-precision type
+                    bufs[name].copy_(x)  # untimed: repeated sums would grow to inf over hundreds of rounds
                 if it == cfg.warmup:  # small sizes are noisy: more rounds, until about min_time_s in all
                     rounds += min(19 * cfg.iters, max(0, math.ceil(cfg.min_time_s / round_s) - cfg.iters))
                 it += 1

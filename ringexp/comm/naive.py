@@ -24,29 +24,27 @@ def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
     if n == 1 or tensor.numel() == 0:
         return tensor
     flat = work_copy(tensor)
-    encode = (lambda x: x) if wire is None else wire.encode
-    decode = (lambda p: p) if wire is None else (lambda p: wire.decode(p, flat.numel()))
-
-    def receive_buffer():
-        return flat if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device)
-
+    if wire is None:
+        buf = torch.empty_like(flat) if r == 0 else flat  # workers receive the sum straight into place
+        encode, add_into, copy_into = (lambda: flat), (lambda p: flat.add_(p)), (lambda p: None)
+    else:
+        buf = torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device)
+        encode = lambda: wire.encode_into(flat, torch.empty_like(buf))  # noqa: E731
+        add_into, copy_into = (lambda p: wire.add_into(p, flat)), (lambda p: wire.copy_into(p, flat))
     if r == 0:
-        buf = torch.empty_like(flat) if wire is None else receive_buffer()
         for src in range(1, n):
             wait(dist.irecv(buf, group=group, group_src=src), timeout_s,
                  _recv_error(f"step 1/2 (gather, {src}/{n - 1})", src, group))
-            flat.add_(decode(buf))
-        payload = encode(flat)
-        if wire is not None:
-            flat.copy_(decode(payload))
+            add_into(buf)
+        payload = encode()
+        copy_into(payload)  # keep what the workers will decode
         sends = [(dst, dist.isend(payload, group=group, group_dst=dst)) for dst in range(1, n)]
         for dst, w in sends:
             wait(w, timeout_s, _send_error(f"step 2/2 (send back, {dst}/{n - 1})", dst, group))
     else:
-        wait(dist.isend(encode(flat), group=group, group_dst=0), timeout_s, _send_error("step 1/2 (gather)", 0, group))
-        into = receive_buffer()
-        wait(dist.irecv(into, group=group, group_src=0), timeout_s, _recv_error("step 2/2 (send back)", 0, group))
-        flat.copy_(decode(into))
+        wait(dist.isend(encode(), group=group, group_dst=0), timeout_s, _send_error("step 1/2 (gather)", 0, group))
+        wait(dist.irecv(buf, group=group, group_src=0), timeout_s, _recv_error("step 2/2 (send back)", 0, group))
+        copy_into(buf)
     return finish(tensor, flat)
 
 

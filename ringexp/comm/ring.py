@@ -29,7 +29,6 @@ MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
 DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
 _local = threading.local()
-_POST_FIRST = __import__('os').environ.get('RX_POST_FIRST') == '1'  # TEMP
 
 
 def chunk_bounds(numel: int, n: int) -> list:
@@ -53,6 +52,17 @@ def _buffers(numel: int, dtype, device) -> list:
     if bufs is None or bufs[0].numel() < numel or len(bufs) < DEPTH:
         bufs = cache[key] = [torch.empty(numel, dtype=dtype, device=device) for _ in range(DEPTH)]
     return bufs
+
+
+def _arena(nbytes: int, device):
+    """A reusable byte buffer for this thread: encoded sends and all-gather receives of the wire path."""
+    cache = getattr(_local, "arena", None)
+    if cache is None:
+        cache = _local.arena = {}
+    buf = cache.get(device)
+    if buf is None or buf.numel() < nbytes:
+        buf = cache[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buf
 
 
 def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
@@ -79,8 +89,14 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
 
     if wire is None:
         bufs = _buffers(min(seg, flat.numel()), flat.dtype, flat.device)
-    else:
-        bufs = _buffers(wire.nbytes(min(seg, flat.numel())), torch.uint8, flat.device)
+    else:  # encoded sends of steps 0 .. n-1 and all-gather receives each get a slot of one reused arena
+        slot_bytes = -(-wire.nbytes(min(seg, flat.numel())) // 8) * 8
+        bufs = _buffers(slot_bytes, torch.uint8, flat.device)
+        arena = _arena((2 * n - 1) * nseg * slot_bytes, flat.device)
+
+        def slot(k, j):  # k = s for the sends of steps 0 .. n-1; s + 1 for all-gather receives (s >= n-1)
+            i = k * nseg + j
+            return arena[i * slot_bytes:(i + 1) * slot_bytes]
     pending, sends, received = {}, [], {}  # receives posted ahead; sends in flight; wire: bytes to forward
 
     def post(i):
@@ -95,7 +111,7 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
             into = bufs[i % DEPTH][: dst.numel()] if s < n - 1 else dst
         else:
             size = wire.nbytes(dst.numel())
-            into = bufs[i % DEPTH][:size] if s < n - 1 else torch.empty(size, dtype=torch.uint8, device=flat.device)
+            into = (bufs[i % DEPTH] if s < n - 1 else slot(s + 1, j))[:size]
         pending[i] = (dist.irecv(into, group=group, group_src=left), dst, into)
 
     def send(s, j):
@@ -105,10 +121,10 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
         if wire is None:
             payload = src
         elif s < n - 1:  # a partial sum, re-encoded at every hop
-            payload = wire.encode(src)
+            payload = wire.encode_into(src, slot(s, j))
         elif s == n - 1:  # our finished segment: keep what the others will decode
-            payload = wire.encode(src)
-            src.copy_(wire.decode(payload, src.numel()))
+            payload = wire.encode_into(src, slot(s, j))
+            wire.copy_into(payload, src)
         else:  # the all-gather forwards what it received
             payload = received.pop((s - 1, j))
         sends.append((dist.isend(payload, group=group, group_dst=right), payload))
@@ -124,17 +140,15 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
             wait(work, timeout_s, f"ring all-reduce: {phase}/{n - 1}, segment {j + 1}/{nseg}: "
                                   f"nothing from rank {global_rank(group, left)}")
             if s < n - 1:
-                dst.add_(into if wire is None else wire.decode(into, dst.numel()))
+                dst.add_(into) if wire is None else wire.add_into(into, dst)
             elif wire is not None:
-                dst.copy_(wire.decode(into, dst.numel()))
+                wire.copy_into(into, dst)
                 if s + 1 in steps:
                     received[(s, j)] = into
-        if _POST_FIRST and i + DEPTH < len(ops):  # TEMP experiment
+        if i + DEPTH < len(ops):
             post(i + DEPTH)
-        if s + 1 in steps:  # forward first: the right neighbour is waiting for it
+        if s + 1 in steps:
             send(s + 1, j)
-        if not _POST_FIRST and i + DEPTH < len(ops):
-            post(i + DEPTH)
     for work, _payload in sends:
         wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, right)} did not take our data")
 

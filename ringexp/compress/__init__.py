@@ -46,12 +46,24 @@ def context(c, step: int, bucket: int, layout=None):
 
 
 def wire_codec(c, ctx):
-    """(nbytes, encode, decode) for the collectives to apply per message, or None for plain float."""
+    """What the collectives apply per message, or None for plain float: nbytes(numel), encode_into(x, out)
+    (returns the payload, a prefix of `out`), add_into(payload, dst) and copy_into(payload, dst). A module
+    may provide the last three itself to skip temporaries (the casts do: one pass each, no allocation)."""
     m = COMPRESSORS[c.name]
     if m is None or not m.WIRE:
         return None
-    return SimpleNamespace(nbytes=lambda n: m.nbytes(n, c, ctx), encode=lambda x: m.encode(x, c, ctx),
-                           decode=lambda p, n: m.decode(p, n, c, ctx))
+
+    def encode_into(x, out):
+        payload = m.encode(x, c, ctx)
+        return out[:payload.numel()].copy_(payload)
+
+    return SimpleNamespace(
+        nbytes=lambda n: m.nbytes(n, c, ctx),
+        encode_into=getattr(m, "encode_into", None) and (lambda x, out: m.encode_into(x, out, c)) or encode_into,
+        add_into=getattr(m, "add_into", None) and (lambda p, dst: m.add_into(p, dst, c))
+        or (lambda p, dst: dst.add_(m.decode(p, dst.numel(), c, ctx))),
+        copy_into=getattr(m, "copy_into", None) and (lambda p, dst: m.copy_into(p, dst, c))
+        or (lambda p, dst: dst.copy_(m.decode(p, dst.numel(), c, ctx))))
 
 
 class State:

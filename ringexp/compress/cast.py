@@ -1,10 +1,13 @@
 """fp16 / bf16: cast each element to 16 bits. Half the bytes; payloads of different ranks can be summed as they
 are, and inside the hand-written collectives every hop accumulates in float32 (only the wire is 16-bit)."""
 
+import threading
+
 import torch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 WIRE = True  # element-wise: usable on any segment, inside the ring
+_local = threading.local()
 
 
 def sum_dtype(c):
@@ -22,3 +25,23 @@ def encode(x, c, ctx=None):
 
 def decode(payload, numel: int, c, ctx=None):
     return payload.view(DTYPES[c.name]).float()
+
+
+# In-place forms for the ring's hops: one pass each, no temporaries (a fresh 8 MB tensor per message costs
+# page faults that were slower than the bytes saved).
+def encode_into(x, out, c):
+    return out[: 2 * x.numel()].view(DTYPES[c.name]).copy_(x).view(torch.uint8)
+
+
+def add_into(payload, dst, c):
+    # Widen into a reused float32 scratch, then add: torch's mixed-dtype add_ (float32 += float16) was 6x
+    # slower than the two passes (34 ms vs 4.6 + 5.7 ms for 8M elements on one core).
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None or scratch.numel() < dst.numel() or scratch.device != dst.device:
+        scratch = _local.scratch = torch.empty(dst.numel(), dtype=torch.float32, device=dst.device)
+    wide = scratch[: dst.numel()].copy_(payload.view(DTYPES[c.name]))
+    return dst.add_(wide)
+
+
+def copy_into(payload, dst, c):
+    return dst.copy_(payload.view(DTYPES[c.name]))

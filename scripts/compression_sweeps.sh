@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The sweeps behind the README's compression tables (about 50 runs of the default experiment; ~1 h on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+i=0
+run() { i=$((i+1)); python -m ringexp.train -m name="$1" hydra.sweep.dir="outputs/multirun/$1/$i" "${@:2}"; }
+run compression-table +parallel=ddp compression=none optim=adamw,sgd
+run compression-table +parallel=ring compression=fp16,bf16,int8
+run compression-table +parallel=ddp_powersgd compression.start_step=2
+run compression-table +parallel=ddp compression=topk,randomk compression.ratio=0.1,0.01 \
+  compression.error_feedback=true,false optim=adamw,sgd
+run compression-table +parallel=ddp compression=sign compression.error_feedback=true,false optim=adamw,sgd
+run compression-table +parallel=ddp compression=topk compression.ratio=0.01 compression.warmup_steps=50 optim=adamw,sgd
+run compression-table +parallel=ddp compression=topk compression.ratio=0.01 optim=sgd \
+  compression.momentum_correction=true compression.warmup_steps=0,50
+run compression-seeds +parallel=ring compression=none,fp16,bf16,int8 seed=0,1,2
+run compression-seeds +parallel=ring compression=int8 compression.error_feedback=true seed=0,1,2
+run powersgd +parallel=ddp_powersgd compression.start_step=50 compression.rank=4,8
+run powersgd +parallel=ddp_powersgd compression.start_step=2 optim=sgd
