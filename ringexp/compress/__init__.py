@@ -36,8 +36,10 @@ def error_feedback(c) -> bool:
 def ratio_at(c, step: int) -> float:
     """Sparsity warm-up (Deep Gradient Compression): the ratio falls geometrically from warmup_ratio to ratio
     over the first warmup_steps steps, so early, large gradients are not cut to 1% at once."""
-    if c.name not in SPARSIFIERS or step >= c.warmup_steps:
-        return c.ratio if c.name in SPARSIFIERS else 1.0
+    if c.name not in SPARSIFIERS:
+        return 1.0
+    if step >= c.warmup_steps:
+        return c.ratio
     return c.warmup_ratio * (c.ratio / c.warmup_ratio) ** (step / c.warmup_steps)
 
 
@@ -54,16 +56,23 @@ def wire_codec(c, ctx):
         return None
 
     def encode_into(x, out):
+        if hasattr(m, "encode_into"):
+            return m.encode_into(x, out, c)
         payload = m.encode(x, c, ctx)
         return out[:payload.numel()].copy_(payload)
 
-    return SimpleNamespace(
-        nbytes=lambda n: m.nbytes(n, c, ctx),
-        encode_into=getattr(m, "encode_into", None) and (lambda x, out: m.encode_into(x, out, c)) or encode_into,
-        add_into=getattr(m, "add_into", None) and (lambda p, dst: m.add_into(p, dst, c))
-        or (lambda p, dst: dst.add_(m.decode(p, dst.numel(), c, ctx))),
-        copy_into=getattr(m, "copy_into", None) and (lambda p, dst: m.copy_into(p, dst, c))
-        or (lambda p, dst: dst.copy_(m.decode(p, dst.numel(), c, ctx))))
+    def add_into(payload, dst):
+        if hasattr(m, "add_into"):
+            return m.add_into(payload, dst, c)
+        return dst.add_(m.decode(payload, dst.numel(), c, ctx))
+
+    def copy_into(payload, dst):
+        if hasattr(m, "copy_into"):
+            return m.copy_into(payload, dst, c)
+        return dst.copy_(m.decode(payload, dst.numel(), c, ctx))
+
+    return SimpleNamespace(nbytes=lambda n: m.nbytes(n, c, ctx), encode_into=encode_into, add_into=add_into,
+                           copy_into=copy_into)
 
 
 class State:
@@ -92,18 +101,20 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
     ctx = context(c, step, bucket, layout)
     flat = tensor.view(-1)
     x = feedback.before(flat, state, bucket)
-    payload = m.encode(x, c, ctx) if state.ef or not (m.WIRE and algorithm != "builtin") else None
-    if m.WIRE and algorithm != "builtin":
+    inside = m.WIRE and algorithm != "builtin"  # the collective encodes every message itself
+    payload = m.encode(x, c, ctx) if state.ef or not inside else None
+    sent = m.decode(payload, flat.numel(), c, ctx) if state.ef else None  # before the collective reuses payload
+    if inside:
         flat.copy_(x)
         comm.all_reduce(flat, algorithm, group=group, wire=wire_codec(c, ctx), **options)
     elif m.sum_dtype(c) is not None:
-        summed = comm.all_reduce(payload.clone().view(m.sum_dtype(c)), algorithm, group=group, **options)
+        summed = comm.all_reduce(payload.view(m.sum_dtype(c)), algorithm, group=group, **options)
         flat.copy_(m.decode(summed.view(torch.uint8), flat.numel(), c, ctx))
     else:
         gathered = all_gather(payload, algorithm, group, options.get("timeout_s"))
         flat.copy_(sum(m.decode(p, flat.numel(), c, ctx) for p in gathered))  # same order on every rank
     if state.ef:
-        feedback.after(x, m.decode(payload, flat.numel(), c, ctx), state, bucket)
+        feedback.after(x, sent, state, bucket)
     return tensor
 
 

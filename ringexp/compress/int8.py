@@ -33,9 +33,8 @@ def encode(x, c, ctx=None):
         q = torch.floor(q + torch.rand_like(q))
     else:
         q = torch.round(q)
-    bad = ~torch.isfinite(q)
-    q = q.clamp(-127, 127).nan_to_num(0.0)
-    q[bad] = -128  # the one code a finite value never takes: marks NaN/inf so decode can restore NaN
+    # -128, the one code a finite value never takes, marks NaN/inf so decode can restore NaN
+    q = torch.where(torch.isfinite(q), q.clamp(-127, 127), -128.0)
     out = torch.empty(nbytes(n, c), dtype=torch.uint8, device=x.device)
     out[: 4 * blocks].view(torch.float32).copy_(scale.view(-1))
     out[4 * blocks:].view(torch.int8).copy_(q.view(-1)[:n].to(torch.int8))

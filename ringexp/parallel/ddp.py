@@ -38,7 +38,7 @@ def apply(model, cfg, env):
         ddp.register_comm_hook(None, TORCH_CAST_HOOKS[c.name])
     elif algorithm != "builtin" or c.name != "none":
         state = None if c.name == "none" else compress.State(c, momentum=cfg.optim.momentum)
-        ddp.comm_state = hooks.register(ddp, algorithm, comm_options(p) | {"scope": str(c.scope)}, state)
+        ddp.comm_state = hooks.register(ddp, algorithm, comm_options(p) | {"scope": c.scope}, state)
     return ddp
 
 
