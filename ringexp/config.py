@@ -27,6 +27,7 @@ class Strategy(str, Enum):
     ring = "ring"  # DDP with ringexp's ring as its communication hook
     hierarchical = "hierarchical"
     naive = "naive"
+    fsdp = "fsdp"  # PyTorch FSDP2 (fully_shard per block, then the root)
     single = "single"
 
 
@@ -151,6 +152,17 @@ class ParallelConfig:
     nodes: Optional[int] = None  # hierarchical: emulated nodes; null = real nodes (world / local world size)
     variant: HierarchicalVariant = HierarchicalVariant.two_level  # hierarchical: two_level or leader
     timeout_s: float = 300.0  # every collective wait of ring / hierarchical / naive
+    reshard_after_forward: bool = True  # fsdp: free gathered parameters after forward, gather again in backward
+    forward_prefetch: int = 0  # fsdp: blocks whose all-gather is issued ahead in forward (0: none, FSDP2's default)
+    backward_prefetch: int = 1  # fsdp: blocks prefetched ahead in backward (1: FSDP2's own implicit prefetch)
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = False  # a torch.profiler trace of steps start_step .. start_step + steps - 1
+    start_step: int = 5
+    steps: int = 3
+    top: int = 10  # operators listed in the summary and the log
 
 
 @dataclass
@@ -171,6 +183,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     name: Optional[str] = None  # experiment name; the W&B group of single runs when set
     seed: int = 0
     steps: int = 300  # optimizer steps
@@ -265,8 +278,10 @@ def validate(cfg: Any) -> None:
         raise ConfigError(f"optim.lr={cfg.optim.lr}: must be > 0")
     if cfg.optim.grad_clip is not None and cfg.optim.grad_clip <= 0:
         raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip}: must be > 0, or null to disable")
+    check_fsdp(cfg)
     check_compression(cfg.compression, cfg.parallel.strategy, cfg.optim.name)
     check_amp(cfg.amp.mode, device)
+    check_profile(cfg.profile, cfg.steps)
     check_model(cfg.model.name)
     check_data(cfg.data)
 
@@ -306,6 +321,31 @@ def check_compression(c, strategy, optim) -> None:
                                   or not compress.error_feedback(c)):
         raise ConfigError("compression.momentum_correction needs topk or randomk, error feedback and optim=sgd "
                           "(it moves SGD's momentum before the compressor)")
+
+
+def check_fsdp(cfg) -> None:
+    """FSDP reduces gradients itself: it takes a cast as its reduce dtype and nothing else of the DDP family's."""
+    p, c = cfg.parallel, cfg.compression
+    if p.forward_prefetch < 0 or p.backward_prefetch < 0:
+        raise ConfigError("parallel.forward_prefetch and parallel.backward_prefetch count blocks: must be >= 0")
+    if p.strategy != Strategy.fsdp:
+        return
+    if c.name not in ("none", "fp16", "bf16"):
+        raise ConfigError(f"compression={c.name} with +parallel=fsdp: FSDP reduces gradients itself and takes only "
+                          "a cast (fp16 or bf16, its reduce dtype); use compression=none|fp16|bf16 or a DDP strategy")
+    if p.nodes is not None:
+        raise ConfigError(f"parallel.nodes={p.nodes} with +parallel=fsdp: FSDP shards over all ranks (no hybrid "
+                          "sharding here); drop parallel.nodes, or use +parallel=hierarchical")
+
+
+def check_profile(pr, steps: int) -> None:
+    if not pr.enabled:
+        return
+    if pr.start_step < 1 or pr.steps < 1 or pr.top < 1:
+        raise ConfigError("profile.start_step, profile.steps and profile.top must be >= 1")
+    if pr.start_step + pr.steps - 1 > steps:
+        raise ConfigError(f"profile.start_step={pr.start_step} + profile.steps={pr.steps} runs past the last step "
+                          f"({steps}); lower profile.start_step or raise steps")
 
 
 def check_comm(p, world_size: int) -> None:

@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from ringexp import comm, parallel
+from ringexp import comm, parallel, profiling, timing
 from ringexp import dist as rdist
+from ringexp.compress.cast import DTYPES
 from ringexp.data import build_datasets
-from ringexp.metrics import evaluate, peak_memory_bytes, spread
+from ringexp.metrics import evaluate, median, peak_memory_bytes, spread, state_bytes
 from ringexp.models import build_model, param_bytes
 from ringexp.sinks import open_sinks
 
 log = logging.getLogger("ringexp")
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_optimizer(model, ocfg, global_batch: int, total_steps: int, momentum_in_compressor: bool = False):
@@ -49,7 +49,7 @@ def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
 def amp_context(mode: str, device: torch.device):
     if mode == "off":
         return nullcontext
-    return partial(torch.autocast, device.type, dtype=AMP_DTYPES[mode])
+    return partial(torch.autocast, device.type, dtype=DTYPES[mode])
 
 
 def forward_backward(model, micro_batches, k: int, autocast, scaler) -> torch.Tensor:
@@ -117,7 +117,9 @@ def train(cfg, env, run_dir: Path, meta: dict):
     rdist.seed_everything(cfg.seed, env.rank)
     grad_bytes = param_bytes(model)
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
-    model = parallel.apply(model, cfg, env)
+    clock = timing.Clock(device)
+    comm_timer = timing.CommTimer(clock, parallel.exposure(cfg))
+    model = parallel.apply(model, cfg, env, comm_timer)
 
     bs, cuda = cfg.data.batch_size, device.type == "cuda"
     sampler = DistributedSampler(train_ds, env.world_size, env.rank, shuffle=True, seed=cfg.seed, drop_last=True)
@@ -132,29 +134,43 @@ def train(cfg, env, run_dir: Path, meta: dict):
     global_batch = bs * k * env.world_size
     opt, sched = build_optimizer(model, cfg.optim, global_batch, steps, cfg.compression.momentum_correction)
     autocast = amp_context(cfg.amp.mode, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp.mode == "fp16")
+    scaler = parallel.grad_scaler(cfg, device)
     wire = parallel.wire_bytes(cfg, shapes, env.world_size)
     dense = comm.wire_bytes("builtin", grad_bytes, env.world_size)  # float32 all-reduce of the same gradients
     wire_ratio = wire / dense if dense else None
     sinks = open_sinks(cfg, run_dir, meta, steps) if env.is_main else None
     log.info("rank %d/%d on %s: %s, global batch %d", env.rank, env.world_size, device, meta["name"], global_batch)
 
+    pr = cfg.profile
+    profiled = range(pr.start_step, pr.start_step + pr.steps) if pr.enabled else range(0)
     timer = {"data": 0.0}
     stream = batches(loader, sampler, device, timer)
-    step_times, history, evals, ok = [], [], [], False
+    step_times, parts, history, evals, ok = [], [], [], [], False
+    state, prof, profile_summary = None, None, None
     try:
         t_prev = time.perf_counter()
         for step in range(1, steps + 1):
+            if step == profiled.start:
+                prof = profiling.start(device)
             timer["data"] = 0.0
+            comm_timer.reset()
+            t0 = clock.now()
             loss = forward_backward(model, stream, k, autocast, scaler)
+            t1 = clock.now()
             if cfg.optim.grad_clip:
                 scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
             scaler.step(opt)
             scaler.update()
+            if state is None:  # what each rank holds once gradients and optimizer state exist
+                state = state_bytes(model, opt)
             opt.zero_grad(set_to_none=True)
             lr = sched.get_last_lr()[0]
             sched.step()
+            t2 = clock.now()
+            if prof is not None and step == profiled[-1]:
+                profile_summary = profiling.finish(prof, run_dir, env.rank, profiled.start, step, pr.top, device)
+                prof = None
 
             row = None
             if step % cfg.logger.log_every == 0 or step == steps:
@@ -171,8 +187,14 @@ def train(cfg, env, run_dir: Path, meta: dict):
             t_end = time.perf_counter()
             if row is not None:
                 dt = t_end - t_prev
-                step_times.append(dt)
+                clock.sync()
+                split = timing.breakdown(dt, timer["data"], clock.since(t0, t1), clock.since(t1, t2),
+                                         comm_timer.measure(t0, t1))
+                if step not in profiled:  # the profiler's own overhead stays out of the statistics
+                    step_times.append(dt)
+                    parts.append(split)
                 row |= {"train/step_time_s": dt, "train/samples_per_s": global_batch / dt}
+                row |= {f"time/{name}": v for name, v in split.items()}
             if step % cfg.eval_every == 0 or step == steps:
                 val = evaluate(unwrap(model), val_loader, num_labels, device, autocast)
                 evals.append({"step": step, **val})
@@ -183,16 +205,24 @@ def train(cfg, env, run_dir: Path, meta: dict):
             t_prev = t_end
         ok = True
     finally:
+        if prof is not None:
+            prof.stop()
         if sinks and not ok:
             sinks.close(ok=False)
 
-    peak = torch.tensor([peak_memory_bytes(device)], device=device, dtype=torch.float64)
+    # The busiest rank's memory: peak, and what it holds of parameters, gradients and optimizer state.
+    memory = torch.tensor([peak_memory_bytes(device), *state.values()], device=device, dtype=torch.float64)
     if env.world_size > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
     if not env.is_main:
         return None
-    summary = make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire,
-                           wire_ratio, int(peak.item()), time.perf_counter() - t_start)
+    memory = dict(zip(["peak_bytes", *state], (int(v) for v in memory.tolist()), strict=True))
+    summary = make_summary(cfg, env, meta, run_dir, step_times, parts, history, evals, global_batch, grad_bytes,
+                           wire, wire_ratio, memory, time.perf_counter() - t_start)
+    if profile_summary:
+        summary["profile"] = profile_summary
+        sinks.artifact(run_dir / profile_summary["trace"], "profile")
+    log.info("time: %s", summary["time"]["verdict"])
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     sinks.summary(summary)
     sinks.close(ok=True)
@@ -200,11 +230,14 @@ def train(cfg, env, run_dir: Path, meta: dict):
     return summary
 
 
-def make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_batch, grad_bytes, wire, wire_ratio,
-                 peak, wall):
+def make_summary(cfg, env, meta, run_dir, step_times, parts, history, evals, global_batch, grad_bytes, wire,
+                 wire_ratio, memory, wall):
     from ringexp.versions import versions
 
     steady = step_times[cfg.throughput_warmup:] or step_times
+    steady_parts = parts[cfg.throughput_warmup:] or parts
+    time_split = {"step_s": median(steady)} | {
+        name: median([p[name] for p in steady_parts if p[name] is not None]) for name in timing.PARTS}
     final = evals[-1] if evals else {}
     best = max(evals, key=lambda e: e["auroc_macro"]) if evals else {}
     metric_keys = ("auroc_macro", "auroc_micro", "f1_macro", "f1_micro", "loss")
@@ -224,9 +257,13 @@ def make_summary(cfg, env, meta, run_dir, step_times, history, evals, global_bat
         "final": {k: final.get(k) for k in metric_keys} | {"step": final.get("step")},
         "best": {k: best.get(k) for k in metric_keys} | {"step": best.get("step")},
         "val_samples": final.get("samples"),
-        "peak_memory_bytes": peak,
+        # medians over the steady steps; ringexp.timing says how each part is measured
+        "time": time_split | {"verdict": timing.verdict(time_split, str(cfg.parallel.strategy))},
+        "peak_memory_bytes": memory["peak_bytes"],
+        "memory": memory,
         "grad_bytes": grad_bytes,
         "wire_bytes_per_rank_per_step": wire,
+        "wire_bytes_basis": parallel.wire_note(cfg),
         # wire bytes / those of a float32 ring all-reduce of the same gradients (1.0 uncompressed on a ring)
         "compression": {"name": cfg.compression.name, "ratio_vs_fp32_allreduce": wire_ratio},
         "wall_time_s": wall,

@@ -35,6 +35,12 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> 
     was_training = model.training
     model.eval()
     loss_count = torch.zeros(2, device=device, dtype=torch.float64)
+    # Shards may differ by a batch; a sharded model (FSDP) gathers parameters in every forward, so each rank
+    # runs as many forwards as the longest shard (the extra ones on an empty batch).
+    forwards = torch.tensor([len(loader)], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(forwards, op=dist.ReduceOp.MAX)
+    empty = None
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast():
@@ -43,6 +49,12 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> 
         loss_count[0] += F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / num_labels
         loss_count[1] += len(y)
         metrics.update(torch.sigmoid(logits), y.int())
+        empty = x[:0]
+    for _ in range(int(forwards) - len(loader)):
+        if empty is None:
+            empty = loader.dataset.dataset[0][0].unsqueeze(0)[:0].to(device)
+        with autocast():
+            model(empty)
     model.train(was_training)
     if dist.is_initialized():
         dist.all_reduce(loss_count)
@@ -50,6 +62,26 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> 
     out["loss"] = float(loss_count[0] / loss_count[1])
     out["samples"] = int(loss_count[1])
     return out
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds of `t` (its shard, for FSDP's DTensors)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
+def state_bytes(model, opt) -> dict:
+    """Bytes of parameters, gradients and optimizer state held by this rank: what sharding divides."""
+    params = [p for p in model.parameters()]
+    out = {"params_bytes": sum(local_bytes(p) for p in params),
+           "grads_bytes": sum(local_bytes(p.grad) for p in params if p.grad is not None),
+           "optimizer_bytes": sum(local_bytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))}
+    out["state_bytes"] = sum(out.values())
+    return out
+
+
+def median(values: list):
+    return statistics.median(values) if values else None
 
 
 def spread(values: list) -> dict:

@@ -92,6 +92,12 @@ def main(cfg) -> dict | None:
         f, t = summary["final"], summary["throughput"]
         print(f"ringexp: done in {summary['wall_time_s']:.0f}s: {t['median']:.0f} samples/s (median), "
               f"val macro-AUROC {f['auroc_macro']:.3f}, macro-F1 {f['f1_macro']:.3f} -> {run_dir}")
+        print(f"ringexp: time: {summary['time']['verdict']}")
+        if "profile" in summary:
+            p = summary["profile"]
+            print(f"ringexp: profile of steps {p['steps'][0]}-{p['steps'][1]} in {p['trace']}, top by self time:")
+            for op in p["top_ops"]:
+                print(f"  {op['self_ms']:10.2f} ms  {op['calls']:6d}x  {op['name']}")
     return summary
 
 

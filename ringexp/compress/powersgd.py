@@ -11,12 +11,12 @@ def sum_dtype(c):
     return None
 
 
-def register(ddp_model, c, error_feedback: bool):
+def hook(c, error_feedback: bool):
+    """(state, hook) for DDP's register_comm_hook: PyTorch's own PowerSGD."""
     state = powerSGD_hook.PowerSGDState(
         process_group=None, matrix_approximation_rank=c.rank, start_powerSGD_iter=max(2, c.start_step),
         use_error_feedback=error_feedback, warm_start=True)
-    ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return state
+    return state, powerSGD_hook.powerSGD_hook
 
 
 def wire_numel(shapes, c) -> int:

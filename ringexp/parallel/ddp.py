@@ -8,7 +8,7 @@ PowerSGD); every other combination goes through ringexp's hook and ringexp.compr
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import compress
+from ringexp import compress, timing
 from ringexp.parallel import hooks
 
 TORCH_CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
@@ -21,7 +21,7 @@ def comm_options(p) -> dict:
             "variant": p.variant}
 
 
-def apply(model, cfg, env):
+def apply(model, cfg, env, timer=None):
     p = cfg.parallel
     ddp = DDP(
         model.to(env.device),
@@ -33,12 +33,18 @@ def apply(model, cfg, env):
     )
     algorithm, c = ALGORITHM[p.strategy], cfg.compression
     if c.name == "powersgd":
-        ddp.comm_state = compress.powersgd.register(ddp, c, compress.error_feedback(c))
+        state, hook = compress.powersgd.hook(c, compress.error_feedback(c))
     elif algorithm == "builtin" and c.name in TORCH_CAST_HOOKS:
-        ddp.register_comm_hook(None, TORCH_CAST_HOOKS[c.name])
+        state, hook = None, TORCH_CAST_HOOKS[c.name]
     elif algorithm != "builtin" or c.name != "none":
-        state = None if c.name == "none" else compress.State(c, momentum=cfg.optim.momentum)
-        ddp.comm_state = hooks.register(ddp, algorithm, comm_options(p) | {"scope": c.scope}, state)
+        compressor = None if c.name == "none" else compress.State(c, momentum=cfg.optim.momentum)
+        state, hook = hooks.make_state(algorithm, comm_options(p) | {"scope": c.scope}, compressor), hooks.comm_hook
+    elif timer is not None:  # what DDP's C++ reducer does by default, as a hook so that it can be timed
+        state, hook = None, default_hooks.allreduce_hook
+    else:
+        return ddp
+    ddp.comm_state = state
+    ddp.register_comm_hook(state, hook if timer is None else timing.timed_hook(hook, timer))
     return ddp
 
 

@@ -54,13 +54,11 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     return fut
 
 
-def register(ddp_model, algorithm: str, options: dict, compressor=None) -> CommState:
+def make_state(algorithm: str, options: dict, compressor=None) -> CommState:
     # A group of its own: the hook thread's point-to-point traffic never interleaves with the main
     # thread's collectives (created on the main thread, collectively, before training starts).
     group = dist.new_group(backend=dist.get_backend())
     if algorithm == "hierarchical":
         nodes = options.get("nodes") or comm.hierarchical.default_nodes(dist.get_world_size(group))
         comm.hierarchical.node_groups(group, nodes)
-    state = CommState(algorithm, group, options, compressor)
-    ddp_model.register_comm_hook(state, comm_hook)
-    return state
+    return CommState(algorithm, group, options, compressor)

@@ -19,6 +19,11 @@ class Sinks:
         for s in self.sinks:
             s.summary(summary)
 
+    def artifact(self, path, kind: str) -> None:
+        for s in self.sinks:
+            if hasattr(s, "artifact"):
+                s.artifact(path, kind)
+
     def close(self, ok: bool = True) -> None:
         for s in self.sinks:
             s.close(ok)

@@ -78,6 +78,12 @@ class WandbSink:
         if self.run is not None:
             self._safely(self.run.summary.update, flatten(summary))
 
+    def artifact(self, path, kind: str) -> None:
+        """Attach a file (a profiler trace) to the run as an artifact of type `kind`."""
+        self._flush()
+        if self.run is not None:
+            self._safely(self.run.log_artifact, str(path), f"{kind}-{self.run.id}", kind)
+
     def close(self, ok: bool = True) -> None:
         self._flush()
         if self.run is not None:

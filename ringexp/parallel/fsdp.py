@@ -1,0 +1,111 @@
+"""PyTorch FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded over the ranks.
+
+Each block of the model (timm's blocks/stages/layers, the small CNN's stages) is sharded on its own, then
+the root: a block's parameters are all-gathered just before it runs and freed after, and its gradients are
+reduce-scattered as soon as backward has produced them. Mixed precision: parameters are gathered and used
+in the `amp` dtype, gradients reduced in the dtype of a cast compressor (fp16/bf16) or float32.
+
+On CPU the mesh must be a CPU mesh (a default one picks CUDA where a GPU exists, and gloo then crashes:
+pytorch#132471), and gloo has no reduce-scatter of its own: it all-reduces the whole buffer and keeps its
+slice (pytorch#118911), so FSDP sends about twice the gradient bytes it would on NCCL.
+"""
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+from ringexp.compress.cast import DTYPES
+
+
+def blocks(model: nn.Module) -> list:
+    """The units sharded one at a time: a transformer's blocks, a CNN's stages or layers; else the top-level
+    children that hold parameters."""
+    for name in ("blocks", "stages", "layers"):
+        seq = getattr(model, name, None)
+        if isinstance(seq, (nn.Sequential, nn.ModuleList)) and len(seq) > 1:
+            return list(seq)
+    resnet = [m for n, m in model.named_children() if n.startswith("layer") and n[5:].isdigit()]
+    return resnet or [m for m in model.children() if any(p.requires_grad for p in m.parameters())]
+
+
+def apply(model, cfg, env, timer=None):
+    p = cfg.parallel
+    model = model.to(env.device)
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    param_dtype = DTYPES.get(cfg.amp.mode)
+    # float32 unless a cast compressor says otherwise (FSDP2 would reduce in the parameter dtype)
+    reduce_dtype = DTYPES.get(cfg.compression.name, torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    units = []
+    if param_dtype is not None:
+        # BatchNorm keeps float32 parameters (its running statistics are float32 and the kernels need them to
+        # match); its inputs are cast up and its outputs back down, as FSDP1's mixed precision did.
+        norm = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=reduce_dtype, output_dtype=param_dtype)
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                units.append(fully_shard(m, mesh=mesh, mp_policy=norm, reshard_after_forward=p.reshard_after_forward))
+    block_units = [fully_shard(b, mesh=mesh, mp_policy=policy, reshard_after_forward=p.reshard_after_forward)
+                   for b in blocks(model)]
+    units += block_units
+    root = fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=p.reshard_after_forward)
+    for i, b in enumerate(block_units):
+        if p.forward_prefetch:
+            b.set_modules_to_forward_prefetch(block_units[i + 1:i + 1 + p.forward_prefetch])
+        if p.backward_prefetch > 1:  # 1 is FSDP2's own implicit prefetch of the previous block
+            b.set_modules_to_backward_prefetch(block_units[max(0, i - p.backward_prefetch):i][::-1])
+    if timer is not None:
+        for unit in [*units, root]:
+            if unit._get_fsdp_state()._fsdp_param_group is not None:  # units that hold parameters of their own
+                unit.set_custom_all_gather(TimedAllGather(timer))
+                unit.set_custom_reduce_scatter(TimedReduceScatter(timer))
+    return root
+
+
+class TimedAllGather(DefaultAllGather):
+    """FSDP's own all-gather, reported to the step's CommTimer (blocking when FSDP waits for it in place)."""
+
+    def __init__(self, timer):
+        self.timer = timer
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        return _timed(self.timer, super().__call__, output_tensor, input_tensor, group, async_op=async_op)
+
+
+class TimedReduceScatter(DefaultReduceScatter):
+    def __init__(self, timer):
+        self.timer = timer
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        return _timed(self.timer, super().__call__, output_tensor, input_tensor, group, op, async_op=async_op)
+
+
+def _timed(timer, call, *args, async_op):
+    span = timer.start()
+    work = call(*args, async_op=async_op)
+    if work is None:
+        timer.end(span, blocking=True)
+    else:
+        work.get_future().then(lambda _: timer.end(span))
+    return work
+
+
+def wire_bytes(cfg, shapes: list, world_size: int) -> int:
+    """Bytes one rank sends per optimizer step: an all-gather of the parameters per forward (and again per
+    backward when they are resharded after forward), per micro-batch, and one reduce-scatter of the
+    gradients, which gloo runs as a full all-reduce (2(n-1)/n of the buffer instead of (n-1)/n)."""
+    n = world_size
+    if n < 2:
+        return 0
+    numel = sum(s.numel() for s in shapes)
+    param = 2 if cfg.amp.mode in DTYPES else 4
+    reduce = 2 if cfg.compression.name in DTYPES else 4
+    gathers = cfg.accumulation.steps * (2 if cfg.parallel.reshard_after_forward else 1)
+    scatter = 1 if cfg.launcher.device == "cuda" else 2
+    return int(numel * (gathers * param + scatter * reduce) * (n - 1) / n)
+
+
+def wire_note(cfg) -> str:
+    return ("nccl: all-gather and reduce-scatter" if cfg.launcher.device == "cuda"
+            else "gloo: reduce-scatter sent as a full all-reduce (about 2x NCCL's gradient traffic)")

@@ -1,0 +1,106 @@
+"""Where the time went: the step's parts add up, a slowed collective shows up as exposed communication, and
+the profiler writes a trace with the collectives in it."""
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY, read_rows, read_summary, run_cli
+from wandb_records import records
+
+from ringexp import comm
+from ringexp.launch import elastic
+from ringexp.loop import run_worker
+from ringexp.timing import union_length, verdict
+from ringexp.train import compose_config, plain
+
+# Steps long enough (tens of ms) that logging is a small part of them; small buckets so that some
+# communication can overlap backward.
+STEADY = ["steps=24", "eval_every=24", "throughput_warmup=4", "data.train_size=4096", "data.val_size=128",
+          "logger=none", "parallel.bucket_cap_mb=0.05"]
+
+
+def test_union_length_counts_overlapping_spans_once():
+    assert union_length([]) == 0
+    assert union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
+
+
+def test_verdict_is_computed_from_the_measured_parts():
+    t = {"step_s": 0.2, "comm_s": 0.084, "exposed_comm_s": 0.0546, "overlap": 0.35, "data_s": 0.0}
+    assert verdict(t, "ddp") == ("communication is 42% of step time, overlap 35% (< 60%): try parallel.bucket_cap_mb, "
+                                 "+parallel=ring, compression or accumulation")
+    assert "reshard_after_forward=false" in verdict(t, "fsdp")
+    hidden = t | {"exposed_comm_s": 0.0168, "overlap": 0.8}
+    assert verdict(hidden, "ddp") == ("communication is 42% of step time, overlap 80% (>= 60%): communication is "
+                                      "mostly hidden behind compute")
+    assert "little to gain" in verdict(t | {"comm_s": 0.008, "exposed_comm_s": 0.006, "overlap": 0.25}, "ddp")
+    assert verdict(t | {"data_s": 0.05}, "ddp").endswith("; data loading is 25% of step time: raise data.num_workers")
+    assert verdict({"step_s": 0.1, "comm_s": 0.0}, "single") == "no communication measured"
+    assert "not measured on this device" in verdict(t | {"overlap": None, "exposed_comm_s": None}, "fsdp")
+
+
+@pytest.mark.parametrize("preset", ["ddp", "ring", "fsdp"])
+def test_step_time_breakdown_adds_up(tmp_path, preset):
+    r = run_cli(tmp_path, *STEADY, f"+parallel={preset}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [row for row in read_rows(tmp_path) if "time/compute_s" in row][4:]
+    assert len(rows) >= 15
+    for row in rows:
+        for part in ("data_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s"):
+            assert row[f"time/{part}"] >= 0, (part, row)
+        assert row["time/compute_s"] > 0 and row["time/comm_s"] > 0
+        assert 0 <= row["time/overlap"] <= 1
+    # data + compute + exposed communication + optimizer explain the measured step time within 10%
+    gaps = [abs(row["time/other_s"]) / row["train/step_time_s"] for row in rows]
+    assert statistics.median(gaps) < 0.10, gaps
+    t = read_summary(tmp_path)["time"]
+    assert t["step_s"] > 0 and t["comm_s"] > 0 and "communication is" in t["verdict"]
+    share = round(100 * t["comm_s"] / t["step_s"])
+    assert f"communication is {share}% of step time" in t["verdict"]  # computed from the numbers
+
+
+def slowed_worker(cfg, run_dir, meta, delay_s: float):
+    """The test harness's slow network: every collective of the ring hook first sleeps `delay_s`."""
+    original = comm.all_reduce
+
+    def slow(*args, **kwargs):
+        time.sleep(delay_s)
+        return original(*args, **kwargs)
+    comm.all_reduce = slow
+    return run_worker(cfg, run_dir, meta)
+
+
+def run_in_harness(run_dir: Path, delay_s: float) -> dict:
+    cfg = plain(compose_config([*TINY, "+parallel=ring", "logger=none", "steps=16", "throughput_warmup=4"]))
+    run_dir.mkdir()
+    meta = {"name": f"delay={delay_s}", "group": "slowed", "job_type": "ring", "choices": {}, "overrides": []}
+    elastic(slowed_worker, 2, cfg, str(run_dir), meta, delay_s)
+    return read_summary(run_dir)["time"]
+
+
+def test_a_slowed_collective_shows_as_exposed_communication(tmp_path):
+    normal = run_in_harness(tmp_path / "normal", 0.0)
+    slowed = run_in_harness(tmp_path / "slowed", 0.04)
+    # 40 ms more per step, all of it after backward has handed over its only bucket
+    assert slowed["exposed_comm_s"] > normal["exposed_comm_s"] + 0.03, (normal, slowed)
+    assert slowed["comm_s"] > normal["comm_s"] + 0.03, (normal, slowed)
+    assert slowed["step_s"] > normal["step_s"] + 0.03
+
+
+def test_profiler_writes_a_trace_with_communication_events(tmp_path):
+    r = run_cli(tmp_path, *TINY, "profile.enabled=true", "profile.start_step=3", "profile.steps=2", "profile.top=5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(tmp_path)
+    assert s["profile"]["steps"] == [3, 4] and len(s["profile"]["top_ops"]) == 5
+    assert all(op["self_ms"] >= 0 and op["calls"] >= 1 for op in s["profile"]["top_ops"])
+    for rank in (0, 1):
+        trace = json.loads((tmp_path / f"trace_rank{rank}.json").read_text())  # valid JSON
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        assert any("all_reduce" in n or "allreduce" in n for n in names), sorted(names)[:50]
+    assert "profile of steps 3-4" in (tmp_path / "rank0.log").read_text()
+    # attached to the W&B run as an artifact
+    wandb_file = next(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    kinds = [rec.WhichOneof("record_type") for rec in records(wandb_file)]
+    assert "artifact" in kinds
