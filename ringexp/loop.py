@@ -258,7 +258,7 @@ def make_summary(cfg, env, meta, run_dir, step_times, parts, history, evals, glo
         "best": {k: best.get(k) for k in metric_keys} | {"step": best.get("step")},
         "val_samples": final.get("samples"),
         # medians over the steady steps; ringexp.timing says how each part is measured
-        "time": time_split | {"verdict": timing.verdict(time_split, str(cfg.parallel.strategy))},
+        "time": time_split | {"verdict": timing.verdict(time_split, str(cfg.parallel.strategy), str(cfg.amp.mode))},
         "peak_memory_bytes": memory["peak_bytes"],
         "memory": memory,
         "grad_bytes": grad_bytes,

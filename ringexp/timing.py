@@ -123,7 +123,7 @@ def breakdown(step_s: float, data_s: float, fwd_bwd_s: float, optimizer_s: float
     return parts
 
 
-def verdict(t: dict, strategy: str) -> str:
+def verdict(t: dict, strategy: str, amp: str = "off") -> str:
     """One line in the spirit of the seed articles' checklist, from the step's median parts `t`."""
     step = t.get("step_s")
     if not step:
@@ -137,8 +137,9 @@ def verdict(t: dict, strategy: str) -> str:
         if overlap is None:
             line += ", overlap not measured on this device (use profile.enabled=true)"
         elif overlap < 0.6 and (t.get("exposed_comm_s") or 0) >= 0.05 * step:
-            tips = ("parallel.reshard_after_forward=false, parallel.forward_prefetch, amp=bf16 or accumulation"
-                    if strategy == "fsdp" else "parallel.bucket_cap_mb, +parallel=ring, compression or accumulation")
+            tips = ("parallel.reshard_after_forward=false, parallel.forward_prefetch, "
+                    + ("amp=bf16 or " if amp == "off" else "") + "accumulation" if strategy == "fsdp"
+                    else "parallel.bucket_cap_mb, +parallel=ring, compression or accumulation")
             line += f", overlap {overlap:.0%} (< 60%): try {tips}"
         elif overlap < 0.6:
             line += f", overlap {overlap:.0%}, but what is exposed is under 5% of the step: little to gain"

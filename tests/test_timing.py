@@ -31,7 +31,8 @@ def test_verdict_is_computed_from_the_measured_parts():
     t = {"step_s": 0.2, "comm_s": 0.084, "exposed_comm_s": 0.0546, "overlap": 0.35, "data_s": 0.0}
     assert verdict(t, "ddp") == ("communication is 42% of step time, overlap 35% (< 60%): try parallel.bucket_cap_mb, "
                                  "+parallel=ring, compression or accumulation")
-    assert "reshard_after_forward=false" in verdict(t, "fsdp")
+    assert "reshard_after_forward=false" in verdict(t, "fsdp") and "amp=bf16" in verdict(t, "fsdp")
+    assert "amp=bf16" not in verdict(t, "fsdp", amp="bf16")
     hidden = t | {"exposed_comm_s": 0.0168, "overlap": 0.8}
     assert verdict(hidden, "ddp") == ("communication is 42% of step time, overlap 80% (>= 60%): communication is "
                                       "mostly hidden behind compute")
