@@ -2,18 +2,15 @@
 own switches, on real gloo process groups."""
 
 import json
-from contextlib import nullcontext
 
 import pytest
 import torch
 from conftest import read_rows, read_summary, run_cli
-from test_hooks import strategy_cfg
+from test_hooks import strategy_cfg, train_steps
 
 from ringexp import dist as rdist
 from ringexp import parallel
 from ringexp.launch import elastic
-from ringexp.loop import forward_backward
-from ringexp.metrics import state_bytes
 from ringexp.models import small_cnn
 
 
@@ -25,20 +22,7 @@ def parity_worker(k: int):
         torch.manual_seed(0)
         model = parallel.apply(small_cnn(5, width=8), cfg, env)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        losses, grads, state = [], [], None
-        for step in range(4):
-            g = torch.Generator().manual_seed(100 * step + env.rank)
-            micro = iter([(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 2, (4, 5), generator=g).float())
-                          for _ in range(k)])
-            scaler = torch.amp.GradScaler("cpu", enabled=False)
-            losses.append(float(forward_backward(model, micro, k, nullcontext, scaler)))
-            # FSDP's gradients are shards (DTensors): gather them whole to compare with DDP's
-            grads.append(torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).flatten()
-                                    for p in model.parameters()]))
-            opt.step()
-            state = state or state_bytes(model, opt)
-            opt.zero_grad()
-        out[strategy] = (losses, grads, state["state_bytes"])
+        out[strategy] = train_steps(model, opt, env.rank, k, 4)
     rdist.cleanup()
     (dl, dg, ds), (fl, fg, fs) = out["ddp"], out["fsdp"]
     return (max(abs(a - b) for a, b in zip(dl, fl, strict=True)),

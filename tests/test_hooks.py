@@ -13,6 +13,7 @@ from ringexp import dist as rdist
 from ringexp import parallel
 from ringexp.launch import elastic
 from ringexp.loop import forward_backward
+from ringexp.metrics import state_bytes
 from ringexp.models import small_cnn
 from ringexp.train import compose_config
 
@@ -25,6 +26,25 @@ def strategy_cfg(strategy: str, world: int, **parallel_overrides):
     return OmegaConf.create(cfg)
 
 
+def train_steps(model, opt, rank: int, k: int, steps: int):
+    """`steps` optimizer steps of k micro-batches of random data (per-rank, same for every strategy): the
+    losses and the whole gradients (FSDP's shards gathered) of every step, and the bytes of parameters,
+    gradients and optimizer state the rank held after the first."""
+    losses, grads, state = [], [], None
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        micro = iter([(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 2, (4, 5), generator=g).float())
+                      for _ in range(k)])
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        losses.append(float(forward_backward(model, micro, k, nullcontext, scaler)))
+        grads.append(torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).flatten()
+                                for p in model.parameters()]))
+        opt.step()
+        state = state or state_bytes(model, opt)
+        opt.zero_grad()
+    return losses, grads, state["state_bytes"]
+
+
 def equivalence_worker(k: int):
     env = rdist.init("cpu")
     out = {}
@@ -34,17 +54,7 @@ def equivalence_worker(k: int):
         torch.manual_seed(0)
         model = parallel.apply(small_cnn(5, width=8), cfg, env)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        losses, grads = [], []
-        for step in range(3):
-            g = torch.Generator().manual_seed(100 * step + env.rank)
-            micro = iter([(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 2, (4, 5), generator=g).float())
-                          for _ in range(k)])
-            scaler = torch.amp.GradScaler("cpu", enabled=False)
-            losses.append(float(forward_backward(model, micro, k, nullcontext, scaler)))
-            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-            opt.step()
-            opt.zero_grad()
-        out[strategy] = (losses, grads)
+        out[strategy] = train_steps(model, opt, env.rank, k, 3)[:2]
     rdist.cleanup()
     ref_losses, ref_grads = out["ddp"]
     return {s: (max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
