@@ -193,7 +193,8 @@ def train(cfg, env, run_dir: Path, meta: dict):
                 if step not in profiled:  # the profiler's own overhead stays out of the statistics
                     step_times.append(dt)
                     parts.append(split)
-                row |= {"train/step_time_s": dt, "train/samples_per_s": global_batch / dt}
+                row |= {"train/step_time_s": dt, "train/samples_per_s": global_batch / dt,
+                        "train/elapsed_s": t_end - t_start}
                 row |= {f"time/{name}": v for name, v in split.items()}
             if step % cfg.eval_every == 0 or step == steps:
                 val = evaluate(unwrap(model), val_loader, num_labels, device, autocast)
