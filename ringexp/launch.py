@@ -12,6 +12,11 @@ def under_external_launcher() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def slurm_task() -> bool:
+    """True inside a task of a Slurm job that submitit started (hydra/launcher=slurm)."""
+    return os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+
+
 def elastic(fn, nproc: int, *args, log_dir=None) -> dict:
     """Run fn(*args) in `nproc` local workers through torch's elastic launch (the engine behind torchrun);
     returns {rank: return value}. fn must be importable (workers are spawned)."""
@@ -32,6 +37,13 @@ def launch(cfg: dict, run_dir: Path, meta: dict):
     """Run the job; returns rank 0's summary."""
     from ringexp.loop import run_worker
 
+    if slurm_task():
+        from submitit.helpers import TorchDistributedEnvironment
+
+        # One rank per Slurm task: rank, world size and master address from the job's environment (on any
+        # number of nodes). CUDA_VISIBLE_DEVICES stays as Slurm set it: ringexp picks the GPU by LOCAL_RANK.
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        return run_worker(cfg, str(run_dir), meta)
     if under_external_launcher():
         return run_worker(cfg, str(run_dir), meta)
     return elastic(run_worker, cfg["launcher"]["nproc_per_node"], cfg, str(run_dir), meta,

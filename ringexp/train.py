@@ -87,6 +87,11 @@ def main(cfg) -> dict | None:
     except BaseException as e:  # a crashed worker or Ctrl-C: say so in the run directory, keep the records
         if not (run_dir / "summary.json").exists():
             mark_failed(run_dir, repr(e)[:2000])
+        if isinstance(e, Exception) and HydraConfig.get().mode == RunMode.MULTIRUN:
+            # in a sweep the other jobs still run, and the compare report lists this one with its error
+            print(f"ringexp: error: run {run_dir} failed: {str(e).splitlines()[0] if str(e) else repr(e)}",
+                  file=sys.stderr)
+            return None
         raise
     if summary is not None:
         f, t = summary["final"], summary["throughput"]

@@ -77,13 +77,15 @@ def overlap_worker():
     torch.manual_seed(0)
     # Backward reaches the big last layer first: its gradient (a 16 MB bucket of its own) travels while
     # the many small layers below it are differentiated, each one a timestamp.
-    layers = [m for _ in range(40) for m in (nn.Linear(64, 64), nn.ReLU())]
-    model = nn.Sequential(*layers, nn.Linear(64, 1 << 16))
+    # The layers below are made slow enough (about 100 ms of backward in all) that the hook thread gets
+    # scheduled while they run even on a loaded 2-core machine.
+    layers = [m for _ in range(40) for m in (nn.Linear(512, 512), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Linear(512, 64), nn.Linear(64, 1 << 16))
     ddp = parallel.apply(model, cfg, env)
     grad_times = []
     for p in ddp.parameters():
         p.register_post_accumulate_grad_hook(lambda _p: grad_times.append(time.perf_counter()))
-    x = torch.randn(32, 64)
+    x = torch.randn(128, 512)
     for _ in range(3):
         grad_times.clear()
         ddp(x).square().mean().backward()
