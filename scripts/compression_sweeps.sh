@@ -16,5 +16,7 @@ run compression-table +parallel=ddp compression=topk compression.ratio=0.01 opti
   compression.momentum_correction=true compression.warmup_steps=0,50
 run compression-seeds +parallel=ring compression=none,fp16,bf16,int8 seed=0,1,2
 run compression-seeds +parallel=ring compression=int8 compression.error_feedback=true seed=0,1,2
+run compression-seeds +parallel=ring compression=none,bf16 seed=3,4,5,6
 run powersgd +parallel=ddp_powersgd compression.start_step=50 compression.rank=4,8
 run powersgd +parallel=ddp_powersgd compression.start_step=2 optim=sgd
+run powersgd +parallel=ddp,ddp_powersgd seed=1,2
