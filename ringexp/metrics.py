@@ -72,7 +72,7 @@ def local_bytes(t: torch.Tensor) -> int:
 
 def state_bytes(model, opt) -> dict:
     """Bytes of parameters, gradients and optimizer state held by this rank: what sharding divides."""
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     out = {"params_bytes": sum(local_bytes(p) for p in params),
            "grads_bytes": sum(local_bytes(p.grad) for p in params if p.grad is not None),
            "optimizer_bytes": sum(local_bytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))}

@@ -56,10 +56,9 @@ def apply(model, cfg, env, timer=None):
         if p.backward_prefetch > 1:  # 1 is FSDP2's own implicit prefetch of the previous block
             b.set_modules_to_backward_prefetch(block_units[max(0, i - p.backward_prefetch):i][::-1])
     if timer is not None:
-        for unit in [*units, root]:
-            if unit._get_fsdp_state()._fsdp_param_group is not None:  # units that hold parameters of their own
-                unit.set_custom_all_gather(TimedAllGather(timer))
-                unit.set_custom_reduce_scatter(TimedReduceScatter(timer))
+        for unit in [*units, root]:  # (a unit without parameters of its own has no collectives to wrap)
+            unit.set_custom_all_gather(TimedAllGather(timer))
+            unit.set_custom_reduce_scatter(TimedReduceScatter(timer))
     return root
 
 

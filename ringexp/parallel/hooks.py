@@ -8,9 +8,6 @@ collectives on a process group of its own (separate from the one the training lo
 metrics), and a single thread keeps buckets in the same order on every rank, as collectives require.
 """
 
-import threading
-import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -25,9 +22,6 @@ class CommState:
         self.compressor = compressor  # a ringexp.compress.State (error feedback lives there), or None
         self.world = dist.get_world_size(group)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{algorithm}")
-        # (bucket index, start, end) of recent collectives, perf_counter seconds, for overlap accounting
-        self.events = deque(maxlen=4096)
-        self.lock = threading.Lock()
 
 
 def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -38,14 +32,12 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
 
     def run():
         try:
-            t0 = time.perf_counter()
             tensor.div_(state.world)  # average, as DDP's own hook does (divide first: no overflow)
             if state.compressor is None:
                 comm.all_reduce(tensor, state.algorithm, group=state.group, **state.options)
             else:
                 compress.all_reduce(tensor, state.algorithm, state.compressor, index, state.group, layout,
                                     **state.options)
-            state.events.append((index, t0, time.perf_counter()))
             fut.set_result(tensor)
         except BaseException as e:  # the error reaches backward() through the future
             fut.set_exception(e)
