@@ -93,6 +93,7 @@ class DataConfig:
     path_column: str = "path"
     label_columns: List[str] = field(default_factory=list)  # empty: every column but path_column
     val_fraction: float = 0.1
+    skip_bad: bool = False  # image_folder: skip unreadable images (counted in data/skipped_bad) instead of failing
 
 
 @dataclass
@@ -139,6 +140,7 @@ class LoggerConfig:
     project: str = "ringexp"
     entity: Optional[str] = None
     log_every: int = 1  # steps between rows in metrics.jsonl / W&B
+    init_timeout_s: float = 60.0  # online: how long to try reaching W&B before falling back to offline records
 
 
 @dataclass
@@ -170,6 +172,13 @@ class LauncherConfig:
     nproc_per_node: Optional[int] = None  # null: one per visible GPU, else 2 CPU workers
     device: Device = Device.auto
     threads_per_worker: int = 0  # CPU only; 0 = cores / workers on this node
+    max_restarts: int = 0  # local workers: restarts of the whole job after a worker dies (each resumes)
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at the end
+    keep: int = 2  # newest complete checkpoints kept in <run dir>/checkpoints
 
 
 @dataclass
@@ -184,6 +193,10 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # null: a fresh run; auto: continue from the newest complete checkpoint in the run directory (if any);
+    # PATH: from that checkpoint (or the newest in that run directory)
+    resume: Optional[str] = None
     name: Optional[str] = None  # experiment name; the W&B group of single runs when set
     seed: int = 0
     steps: int = 300  # optimizer steps
@@ -282,6 +295,13 @@ def validate(cfg: Any) -> None:
     check_compression(cfg.compression, cfg.parallel.strategy, cfg.optim.name)
     check_amp(cfg.amp.mode, device)
     check_profile(cfg.profile, cfg.steps)
+    if cfg.checkpoint.every_steps < 0 or cfg.checkpoint.keep < 1:
+        raise ConfigError(f"checkpoint.every_steps={cfg.checkpoint.every_steps} (>= 0, 0: only at the end) and "
+                          f"checkpoint.keep={cfg.checkpoint.keep} (>= 1) are out of range")
+    if cfg.launcher.max_restarts < 0:
+        raise ConfigError(f"launcher.max_restarts={cfg.launcher.max_restarts}: must be >= 0")
+    if cfg.logger.init_timeout_s <= 0:
+        raise ConfigError(f"logger.init_timeout_s={cfg.logger.init_timeout_s}: must be > 0 seconds")
     check_model(cfg.model.name)
     check_data(cfg.data)
 

@@ -17,17 +17,33 @@ def slurm_task() -> bool:
     return os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
 
 
-def elastic(fn, nproc: int, *args, log_dir=None) -> dict:
+def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0) -> dict:
     """Run fn(*args) in `nproc` local workers through torch's elastic launch (the engine behind torchrun);
-    returns {rank: return value}. fn must be importable (workers are spawned)."""
+    returns {rank: return value}. fn must be importable (workers are spawned).
+
+    When a worker dies the agent stops the others (SIGTERM, then SIGKILL) and either restarts them all (up to
+    `max_restarts` times; they resume from the last checkpoint) or raises ChildFailedError naming the rank."""
+    import logging
+
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # The agent logs a dead worker's traceback and every signal it sends; ringexp reports the failure in one
+    # line instead (ringexp.launch.worker_failure), and the workers' own logs stay in the run directory.
+    if not os.environ.get("HYDRA_FULL_ERROR"):
+        for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    if max_restarts:
+        # Workers otherwise share the agent's rendezvous store across restarts, where the dead round's keys
+        # (gloo's peer addresses) are still found: the restarted ranks then connect to dead ports. Without
+        # sharing, each round's rank 0 serves a fresh store on a fresh port.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
         # Port 0: the rendezvous store picks a free port, so consecutive or concurrent jobs never collide.
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-        start_method="spawn", max_restarts=0, monitor_interval=0.1,
+        start_method="spawn", max_restarts=max_restarts, monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir or tempfile.mkdtemp(prefix="ringexp-"))),
     )
     return elastic_launch(config, fn)(*args)
@@ -47,4 +63,26 @@ def launch(cfg: dict, run_dir: Path, meta: dict):
     if under_external_launcher():
         return run_worker(cfg, str(run_dir), meta)
     return elastic(run_worker, cfg["launcher"]["nproc_per_node"], cfg, str(run_dir), meta,
-                   log_dir=run_dir / "workers")[0]
+                   log_dir=run_dir / "workers", max_restarts=cfg["launcher"]["max_restarts"])[0]
+
+
+def worker_failure(e) -> tuple:
+    """(one line, exit code) for a failed job: the first rank that failed and why (its exception's last line,
+    or the signal that killed it); exit code 2 for ringexp's own configuration or data errors."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if not isinstance(e, ChildFailedError):
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        return (lines[-1] if lines else repr(e)), 1
+    rank, failure = e.get_first_failure()
+    message = failure.message or f"exit code {failure.exitcode}"
+    if isinstance(message, dict):  # the worker's error file: {"message": "Type: text", "extraInfo": {...}}
+        message = message.get("message", "")
+    message = str(message)
+    # an exception re-raised by a DataLoader worker carries the original traceback: its last line says it
+    lines = [line for line in message.splitlines() if line.strip()]
+    last = lines[-1] if lines else message
+    code = 2 if any(last.startswith(p) for p in ("DataError", "ConfigError", "ringexp.config.")) else 1
+    for prefix in ("ringexp.config.DataError: ", "ringexp.config.ConfigError: ", "DataError: ", "ConfigError: "):
+        last = last.removeprefix(prefix)
+    return f"worker rank {rank} failed: {last}", code

@@ -40,9 +40,12 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> 
     forwards = torch.tensor([len(loader)], device=device)
     if dist.is_initialized():
         dist.all_reduce(forwards, op=dist.ReduceOp.MAX)
-    empty = None
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    empty, ran = None, 0
+    for batch in loader:
+        if batch is None:  # nothing readable in it (data.skip_bad): made up by an empty forward below
+            continue
+        ran += 1
+        x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
         with autocast():
             logits = model(x)
         logits = logits.float()
@@ -50,7 +53,7 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> 
         loss_count[1] += len(y)
         metrics.update(torch.sigmoid(logits), y.int())
         empty = x[:0]
-    for _ in range(int(forwards) - len(loader)):
+    for _ in range(int(forwards) - ran):
         if empty is None:
             empty = loader.dataset.dataset[0][0].unsqueeze(0)[:0].to(device)
         with autocast():

@@ -7,6 +7,7 @@ them its directory, so all ranks agree on one.
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from ringexp import checkpoint
 from ringexp.config import ConfigError, validate
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -57,25 +59,37 @@ def run_meta(cfg) -> dict:
 
 
 def mark_failed(run_dir: Path, error: str) -> None:
-    """A summary.json that says the run failed and why; metrics.jsonl and logs stay as they are."""
+    """A summary.json that says the run failed and why; metrics.jsonl, checkpoints and logs stay as they are."""
     (run_dir / "summary.json").write_text(json.dumps({"status": "failed", "error": error}, indent=2) + "\n")
 
 
 def fail(run_dir: Path, message: str, code: int) -> None:
-    """Mark the run failed and print one line."""
-    mark_failed(run_dir, message)
+    """Mark the run failed (unless the directory already holds an earlier run's summary) and print one line."""
+    if not (run_dir / "summary.json").exists():
+        mark_failed(run_dir, message)
     print(f"ringexp: error: {message}", file=sys.stderr)
     if not HydraConfig.get().mode == RunMode.MULTIRUN:  # in a sweep, the other jobs still run
         sys.exit(code)
 
 
+def world_size(config) -> int:
+    """The job's world size as the launcher will make it: local workers, or an external launcher's / Slurm's."""
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return config.launcher.nproc_per_node
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg) -> dict | None:
-    from ringexp.launch import launch
+    from ringexp.launch import launch, worker_failure
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         config = checked(cfg)
+        ckpt = checkpoint.find(config.resume, run_dir)
+        if ckpt:
+            checkpoint.check(ckpt, config, world_size(config))
     except ConfigError as e:
         return fail(run_dir, str(e), 2)
     meta = run_meta(cfg)
@@ -84,14 +98,18 @@ def main(cfg) -> dict | None:
              run_dir)
     try:
         summary = launch(OmegaConf.to_container(config), run_dir, meta)
-    except BaseException as e:  # a crashed worker or Ctrl-C: say so in the run directory, keep the records
-        if not (run_dir / "summary.json").exists():
-            mark_failed(run_dir, repr(e)[:2000])
-        if isinstance(e, Exception) and HydraConfig.get().mode == RunMode.MULTIRUN:
-            # in a sweep the other jobs still run, and the compare report lists this one with its error
-            print(f"ringexp: error: run {run_dir} failed: {str(e).splitlines()[0] if str(e) else repr(e)}",
-                  file=sys.stderr)
-            return None
+    except Exception as e:  # a worker died or raised: say so in the run directory, keep records and checkpoints
+        message, code = worker_failure(e)
+        mark_failed(run_dir, message[:2000])
+        kept = checkpoint.complete(run_dir)
+        hint = f" (last checkpoint: {kept[-1]}; resume=auto hydra.run.dir={run_dir} continues from it)"
+        print(f"ringexp: error: {message}" + (hint if kept and "resume=auto" not in message else ""),
+              file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return None  # in a sweep the other jobs still run, and the compare report lists this one
+        sys.exit(code)
+    except BaseException:  # Ctrl-C: say so in the run directory, keep the records
+        mark_failed(run_dir, "interrupted")
         raise
     if summary is not None:
         f, t = summary["final"], summary["throughput"]
@@ -119,8 +137,6 @@ def worker_rank_main() -> None:
 
 
 def cli() -> None:
-    import os
-
     if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
         worker_rank_main()
     else:

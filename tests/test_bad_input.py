@@ -45,6 +45,11 @@ CASES = {
         lambda f: ["data=image_folder",
                    "data.root=" + str(bad_csv(f, "path,cat,dog,bird\nimg0.png,1,0,1\nimg1.png,1,2,0\n"))],
         "labels.csv:3: label values must be 0 or 1"),
+    "csv duplicate path": (
+        lambda f: ["data=image_folder",
+                   "data.root=" + str(bad_csv(f, "path,cat,dog,bird\nimg0.png,1,0,1\nimg1.png,0,0,1\n"
+                                                 "img0.png,1,1,0\n"))],
+        "labels.csv:4: duplicate path img0.png (first on line 2)"),
 }
 
 

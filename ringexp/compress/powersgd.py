@@ -32,3 +32,19 @@ def wire_numel(shapes, c) -> int:
         r = min(c.rank, n, m)
         total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
     return total
+
+
+def state_dict(state) -> dict:
+    """What a resumed run needs of PyTorch's PowerSGDState (its own __getstate__ pickles a numpy generator,
+    which torch.load(weights_only=True) refuses): the iteration, error feedback and warm-start factors."""
+    rng = state.rng.get_state()
+    return {"iter": state.iter, "error_dict": dict(state.error_dict), "p_memory_dict": dict(state.p_memory_dict),
+            "q_memory_dict": dict(state.q_memory_dict), "rng_keys": rng[1].tolist(), "rng_pos": rng[2]}
+
+
+def load_state_dict(state, d: dict) -> None:
+    import numpy as np
+
+    state.iter = d["iter"]
+    state.error_dict, state.p_memory_dict, state.q_memory_dict = d["error_dict"], d["p_memory_dict"], d["q_memory_dict"]
+    state.rng.set_state(("MT19937", np.array(d["rng_keys"], dtype=np.uint32), d["rng_pos"]))

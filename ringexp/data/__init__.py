@@ -25,6 +25,20 @@ def raise_config(msg: str):
     raise ConfigError(msg)
 
 
+def collate(cfg):
+    """The loader's collate function: with data.skip_bad, unreadable images (None) are dropped from their batch,
+    and a batch with nothing left is None (the loop takes the next); otherwise PyTorch's default."""
+    return drop_bad if cfg.get("skip_bad") else None
+
+
+def drop_bad(samples):
+    """Collate the readable samples (loader workers pickle this, so it lives at module level)."""
+    from torch.utils.data import default_collate
+
+    good = [s for s in samples if s is not None]
+    return default_collate(good) if good else None
+
+
 def build_datasets(cfg):
     """(train, val, num_labels) for the data config."""
     if cfg.name == "synthetic":

@@ -78,10 +78,10 @@ def check_image_folder(cfg) -> None:
 
 
 class ImageFolderMultiLabel(Dataset):
-    def __init__(self, root: str, paths, labels, image_size: int):
+    def __init__(self, root: str, paths, labels, image_size: int, skip_bad: bool = False):
         from torchvision import transforms
 
-        self.root, self.paths = Path(root), paths
+        self.root, self.paths, self.skip_bad = Path(root), paths, skip_bad
         self.labels = torch.tensor(labels, dtype=torch.float32)
         self.transform = transforms.Compose([
             transforms.Resize((image_size, image_size)),
@@ -95,13 +95,20 @@ class ImageFolderMultiLabel(Dataset):
     def __getitem__(self, idx: int):
         from PIL import Image
 
-        with Image.open(self.root / self.paths[idx]) as im:
-            return self.transform(im.convert("RGB")), self.labels[idx]
+        path = self.root / self.paths[idx]
+        try:
+            with Image.open(path) as im:
+                return self.transform(im.convert("RGB")), self.labels[idx]
+        except (OSError, SyntaxError, ValueError) as e:  # PIL's unreadable / truncated / corrupt image errors
+            if self.skip_bad:
+                return None  # dropped by the loader's collate and counted (data/skipped_bad)
+            raise _data_error(f"{path}: cannot read image ({type(e).__name__}: {e}); fix or remove it, or set "
+                              "data.skip_bad=true to skip unreadable images") from None
 
 
 def image_folder_splits(cfg):
     paths, names, labels = read_labels(cfg)
-    ds = ImageFolderMultiLabel(cfg.root, paths, labels, cfg.image_size)
+    ds = ImageFolderMultiLabel(cfg.root, paths, labels, cfg.image_size, cfg.get("skip_bad", False))
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     n_val = max(1, int(round(len(ds) * cfg.val_fraction)))
     return Subset(ds, order[n_val:]), Subset(ds, order[:n_val]), len(names)

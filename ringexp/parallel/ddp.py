@@ -5,6 +5,7 @@ bucket_cap_mb and gradient_as_bucket_view work the same either way.
 Compression: with the builtin all-reduce, PyTorch's own hooks where they exist (fp16/bf16 compress hooks,
 PowerSGD); every other combination goes through ringexp's hook and ringexp.compress."""
 
+import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -31,6 +32,7 @@ def apply(model, cfg, env, timer=None):
         static_graph=p.static_graph,
         find_unused_parameters=p.find_unused_parameters,
     )
+    settle_buckets(ddp, cfg, env.device)
     algorithm, c = ALGORITHM[p.strategy], cfg.compression
     if c.name == "powersgd":
         state, hook = compress.powersgd.hook(c, compress.error_feedback(c))
@@ -46,6 +48,24 @@ def apply(model, cfg, env, timer=None):
     ddp.comm_state = state
     ddp.register_comm_hook(state, hook if timer is None else timing.timed_hook(hook, timer))
     return ddp
+
+
+def settle_buckets(ddp, cfg, device) -> None:
+    """One throwaway backward, before any hook is registered, so that every real step runs on DDP's final buckets.
+
+    DDP packs gradients into buckets in reverse parameter order, then re-packs them once, in the order the first
+    backward made them ready. The bucket layout decides where the ring cuts its chunks and which elements a
+    compressor sees together, so a run resumed from a checkpoint (whose first step would use the initial layout)
+    would otherwise drift from the uninterrupted run. Eval mode and a zero batch: no batch-norm statistics, no
+    dropout and no data are touched; torch's RNG is restored all the same."""
+    rng = torch.get_rng_state()
+    was_training = ddp.training
+    ddp.eval()
+    x = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=device)
+    ddp(x).float().sum().backward()
+    ddp.zero_grad(set_to_none=True)
+    ddp.train(was_training)
+    torch.set_rng_state(rng)
 
 
 def wire_bytes(cfg, shapes: list, world_size: int) -> int:

@@ -1,5 +1,8 @@
 """Where rank 0's records go: metrics.jsonl (never lost), W&B (best effort) and a progress bar."""
 
+import json
+from pathlib import Path
+
 from ringexp.sinks.jsonl import JsonlSink
 from ringexp.sinks.progress import ProgressSink
 from ringexp.sinks.wandb import WandbSink
@@ -28,9 +31,28 @@ class Sinks:
         for s in self.sinks:
             s.close(ok)
 
+    @property
+    def wandb_id(self):
+        """The W&B run's id (a resumed run continues it), or None without W&B."""
+        return next((s.run.id for s in self.sinks if isinstance(s, WandbSink) and s.run is not None), None)
 
-def open_sinks(cfg, run_dir, meta, total_steps: int) -> Sinks:
-    return Sinks([JsonlSink(run_dir), WandbSink.open(cfg, run_dir, meta), ProgressSink(total_steps)])
+
+def open_sinks(cfg, run_dir, meta, total_steps: int, start: int = 0, wandb_id=None) -> Sinks:
+    """Rank 0's sinks; a run resumed at step `start` appends to metrics.jsonl and continues W&B run `wandb_id`."""
+    return Sinks([JsonlSink(run_dir), WandbSink.open(cfg, run_dir, meta, wandb_id),
+                  ProgressSink(total_steps, start)])
 
 
-__all__ = ["Sinks", "open_sinks"]
+def read_rows(run_dir) -> list:
+    """metrics.jsonl as a list of rows ([] when there is none yet); a line cut short by a kill is dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+__all__ = ["Sinks", "open_sinks", "read_rows"]

@@ -6,8 +6,9 @@ from tqdm import tqdm
 
 
 class ProgressSink:
-    def __init__(self, total_steps: int):
-        self.bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
+    def __init__(self, total_steps: int, start: int = 0):
+        self.bar = tqdm(total=total_steps, initial=start, unit="step", dynamic_ncols=True,
+                        disable=not sys.stderr.isatty())
 
     def log(self, row: dict, step: int) -> None:
         if self.bar.disable:

@@ -29,6 +29,22 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def init(cfg, run_dir, meta, mode: str, run_id=None):
+    import wandb
+
+    run = wandb.init(
+        project=cfg["logger"]["project"], entity=cfg["logger"]["entity"], dir=str(run_dir),
+        mode=mode, group=meta["group"], job_type=meta["job_type"], name=meta["name"],
+        id=run_id, resume="allow" if run_id else None,
+        config={**flatten(cfg), **{f"choice.{k}": v for k, v in meta["choices"].items()}},
+        settings=wandb.Settings(console="off", silent=True, init_timeout=cfg["logger"]["init_timeout_s"]),
+    )
+    run.define_metric("val/auroc_macro", summary="max")
+    run.define_metric("val/f1_macro", summary="max")
+    run.define_metric("train/loss", summary="min")
+    return run
+
+
 class WandbSink:
     def __init__(self, run):
         self.run = run
@@ -41,23 +57,23 @@ class WandbSink:
             self._safely(self.run.log if self.run else None, *item)
 
     @classmethod
-    def open(cls, cfg, run_dir, meta):
-        if cfg["logger"]["mode"] == "disabled":
+    def open(cls, cfg, run_dir, meta, run_id=None):
+        """A W&B run (continuing `run_id` when resuming). Online but W&B cannot be reached (no network, a bad key):
+        one warning, then an offline run in the run directory, to `wandb sync` later. None if even that fails."""
+        mode = cfg["logger"]["mode"]
+        if mode == "disabled":
             return None
         try:
-            import wandb
-
-            run = wandb.init(
-                project=cfg["logger"]["project"], entity=cfg["logger"]["entity"], dir=str(run_dir),
-                mode=cfg["logger"]["mode"], group=meta["group"], job_type=meta["job_type"], name=meta["name"],
-                config={**flatten(cfg), **{f"choice.{k}": v for k, v in meta["choices"].items()}},
-                settings=wandb.Settings(console="off", silent=True, init_timeout=60),
-            )
-            run.define_metric("val/auroc_macro", summary="max")
-            run.define_metric("val/f1_macro", summary="max")
-            run.define_metric("train/loss", summary="min")
-            return cls(run)
+            return cls(init(cfg, run_dir, meta, mode, run_id))
         except Exception as e:  # network, key, disk: never worth losing the run over
+            if mode == "online":
+                first = str(e).splitlines()[0] if str(e) else ""
+                warn(f"W&B online failed, logging offline to {run_dir}/wandb instead (upload later with "
+                     f"scripts/sync_wandb.sh): {type(e).__name__}: {first}")
+                try:
+                    return cls(init(cfg, run_dir, meta, "offline", run_id))
+                except Exception as e2:
+                    e = e2
             warn(f"W&B disabled for this run ({type(e).__name__}: {e}); records stay in {run_dir}")
             return None
 

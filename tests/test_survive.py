@@ -1,0 +1,128 @@
+"""Faults a run must survive or report in one line: a NaN loss, a corrupt image, W&B out of reach, a full
+disk while checkpointing, a checkpoint from another configuration, a worker dying under max_restarts."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+from conftest import TINY, read_rows, read_summary, run_cli
+from test_resume import RUN, start, wait_for_step, worker_pid
+
+
+def error_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.startswith("ringexp: error:")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_nan_loss_stops_the_run_naming_step_and_rank(tmp_path):
+    r = run_cli(tmp_path / "run", *TINY, "optim=sgd", "optim.lr=1e30", "logger=none")
+    assert r.returncode == 1
+    line = error_line(r.stderr)
+    assert "loss is nan at step" in line or "loss is inf at step" in line, line
+    assert " on rank " in line
+    assert read_summary(tmp_path / "run")["status"] == "failed"
+
+
+def test_fp16_grad_scaler_skips_non_finite_steps_and_counts_them(tmp_path):
+    r = run_cli(tmp_path / "run", *TINY, "amp=fp16", "optim=sgd", "optim.lr=1e30", "logger=none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = read_summary(tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
+    assert s["skipped_steps"] > 0 and rows[-1]["train/skipped_steps"] == s["skipped_steps"]
+    assert [row["train/skipped_steps"] for row in rows] == sorted(row["train/skipped_steps"] for row in rows)
+
+
+def image_run(folder, *extra):
+    return ["data=image_folder", f"data.root={folder}", "data.batch_size=4", "steps=6",
+            "eval_every=6", "throughput_warmup=1", "model.width=8", "logger=none", *extra]
+
+
+def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path, image_folder):
+    bad = [image_folder / f"img{i}.png" for i in (3, 7, 11)]
+    for path in bad:
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(200))  # a PNG header, then garbage
+    r = run_cli(tmp_path / "stop", *image_run(image_folder, "data.num_workers=0"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = error_line(r.stderr)
+    assert any(str(p) in line for p in bad) and "data.skip_bad=true" in line, line
+
+    # (loader worker processes too: what they run must pickle)
+    r = run_cli(tmp_path / "skip", *image_run(image_folder, "data.skip_bad=true", "data.num_workers=1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = read_summary(tmp_path / "skip")
+    assert s["status"] == "completed" and s["data_skipped_bad"] >= 1
+    assert read_rows(tmp_path / "skip")[-1]["data/skipped_bad"] == s["data_skipped_bad"]
+
+
+def test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_key(tmp_path):
+    key = "f0e1d2c3b4a5968778695a4b3c2d1e0f12345678"
+    run_dir = tmp_path / "run"
+    # a W&B server that refuses connections, and a key it would not accept anyway
+    env = {"WANDB_API_KEY": key, "WANDB_BASE_URL": "http://127.0.0.1:9"}
+    r = run_cli(run_dir, *TINY, "logger.mode=online", "logger.init_timeout_s=5", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [x for x in r.stderr.splitlines() if x.startswith("ringexp: warning:")]
+    assert len(warnings) == 1 and "offline" in warnings[0], r.stderr
+    s = read_summary(run_dir)
+    assert s["status"] == "completed" and s["final"]["auroc_macro"] is not None
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "offline records in the run directory"
+    leaks = [p for p in run_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert not leaks, leaks
+
+
+def test_incompatible_checkpoint_is_one_line_naming_the_mismatch(tmp_path):
+    src = tmp_path / "src"
+    r = run_cli(src, *TINY, "steps=4", "logger=none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for i, (override, words) in enumerate([("model.width=16", "model.width=8, this run has model.width=16"),
+                            ("launcher.nproc_per_node=4", "world size=2, this run has world size=4"),
+                            ("+parallel=fsdp", "sharded=False, this run has sharded=True")]):
+        r = run_cli(tmp_path / f"case{i}", *TINY, "logger=none", f"resume={src}", override)
+        assert r.returncode == 2, r.stderr[-2000:]
+        line = error_line(r.stderr)
+        assert words in line, line
+    r = run_cli(tmp_path / "nothing", *TINY, "logger=none", f"resume={tmp_path / 'nope'}")
+    assert r.returncode == 2 and "no complete checkpoint" in error_line(r.stderr)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A run directory whose checkpoints/ is a 400 KiB tmpfs: one checkpoint fits, the second does not."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(run_dir / "checkpoints")],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    yield run_dir
+    subprocess.run(["umount", "-l", str(run_dir / "checkpoints")], check=False)
+
+
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, tiny_disk):
+    r = run_cli(tiny_disk, *RUN)
+    assert r.returncode == 1
+    line = error_line(r.stderr)
+    assert "checkpoint at step 10 not written" in line and "No space left on device" in line, line
+    assert "step-00000005, is intact" in line, line
+    assert read_summary(tiny_disk)["status"] == "failed"
+    assert not list((tiny_disk / "checkpoints").glob("*.tmp")), "the partial checkpoint is cleaned up"
+    # The previous checkpoint is whole: a new run directory continues from it to the end.
+    r = run_cli(tmp_path / "again", *RUN, f"resume={tiny_disk}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(tmp_path / "again")["resumed_from"]["step"] == 5
+    assert [row["step"] for row in read_rows(tmp_path / "again")] == list(range(1, 31))
+
+
+def test_max_restarts_restarts_the_workers_and_finishes_from_the_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *RUN, "launcher.max_restarts=1")
+    wait_for_step(proc, run_dir, 8)
+    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    s = read_summary(run_dir)
+    assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5
+    assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 31))
