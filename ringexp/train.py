@@ -72,6 +72,16 @@ def fail(run_dir: Path, message: str, code: int) -> None:
         sys.exit(code)
 
 
+def prepare(cfg, run_dir: Path):
+    """Everything that can reject a configuration before any worker starts (ConfigError): validation, and the
+    checkpoint `resume` names, which must exist and fit this configuration."""
+    config = checked(cfg)
+    ckpt = checkpoint.find(config.resume, run_dir)
+    if ckpt:
+        checkpoint.check(ckpt, config, world_size(config))
+    return config
+
+
 def world_size(config) -> int:
     """The job's world size as the launcher will make it: local workers, or an external launcher's / Slurm's."""
     for var in ("WORLD_SIZE", "SLURM_NTASKS"):
@@ -86,10 +96,7 @@ def main(cfg) -> dict | None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        config = checked(cfg)
-        ckpt = checkpoint.find(config.resume, run_dir)
-        if ckpt:
-            checkpoint.check(ckpt, config, world_size(config))
+        config = prepare(cfg, run_dir)
     except ConfigError as e:
         return fail(run_dir, str(e), 2)
     meta = run_meta(cfg)
@@ -136,7 +143,19 @@ def worker_rank_main() -> None:
     run_worker(OmegaConf.to_container(config), None, None)
 
 
+def check_argv(args: list) -> None:
+    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`)."""
+    for a in args:
+        if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
+            raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
+
+
 def cli() -> None:
+    try:
+        check_argv(sys.argv[1:])
+    except ConfigError as e:
+        print(f"ringexp: error: {e}", file=sys.stderr)
+        sys.exit(2)
     if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
         worker_rank_main()
     else:

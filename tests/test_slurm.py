@@ -47,3 +47,35 @@ def test_slurm_local_status_reports_the_cluster(slurm):
     # the node answers (idle, or still allocated while the last sweep's jobs complete)
     assert r.returncode == 0 and "local" in r.stdout, r.stdout + r.stderr
     assert any(state in r.stdout for state in ("idle", "mix", "alloc", "comp")), r.stdout
+
+
+def test_a_preempted_slurm_job_requeues_and_resumes_from_its_checkpoint(tmp_path, slurm):
+    """Slurm's pre-emption / time-limit signal (USR2, what `--signal` sends before the kill): submitit's handler
+    requeues the job through hydra-submitit-launcher's `checkpoint`, and the requeued job continues from the
+    newest checkpoint in the same run directory (SLURM_RESTART_COUNT makes resume=auto)."""
+    import time
+
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "0"
+    cmd = [sys.executable, "-m", "ringexp.train", "-m", *[o for o in TINY if not o.startswith("steps")],
+           "steps=40", "checkpoint.every_steps=5", "logger=none", "hydra/launcher=slurm",
+           "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=slurm)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "step-00000005" / "meta.json").is_file() or read_rows(run_dir)[-1]["step"] < 8:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    job = next(p.name for p in (sweep / ".submitit").iterdir() if p.name.isdigit())
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm)
+    # Slurm holds a requeued job for 120 s (its EligibleTime); once it is pending again, make it eligible now.
+    while "Reason=BeginTime" not in subprocess.run(["scontrol", "show", "job", job], capture_output=True,
+                                                     text=True, env=slurm).stdout:
+        assert proc.poll() is None and time.monotonic() < deadline + 120, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env=slurm)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5, s.get("resumed_from")
+    assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 41)), "every step exactly once"
+    assert "requeue" in (sweep / ".submitit" / job / f"{job}_0_log.err").read_text().lower()
