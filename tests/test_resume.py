@@ -96,7 +96,12 @@ CASES = [("ddp", "rank1", True), ("ring", "rank0", True), ("ring_fp16", "job", T
 
 @pytest.mark.parametrize("preset,kill,resume", CASES)
 def test_killed_run_resumes_with_the_same_losses(tmp_path, references, preset, kill, resume):
-    run_dir = tmp_path / "run"
+    kill_and_resume(tmp_path / "run", preset, kill, resume, references)
+
+
+def kill_and_resume(run_dir, preset: str, kill: str, resume: bool, references) -> float:
+    """Kill a run after step KILL_AFTER (one worker, or the whole job), check how it went down, resume it and
+    compare every loss with the uninterrupted reference; returns the seconds from the kill to the job's exit."""
     proc = start(run_dir, *RUN, f"+parallel={preset}")
     wait_for_step(proc, run_dir, KILL_AFTER)
     tree = descendants(proc.pid)
@@ -121,7 +126,7 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, references, preset, k
     assert steps_before[-1] >= KILL_AFTER
     assert (run_dir / "checkpoints" / "step-00000005" / "meta.json").is_file()
     if not resume:
-        return
+        return took
 
     r = run_cli(run_dir, *RUN, f"+parallel={preset}", "resume=auto")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -133,3 +138,4 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, references, preset, k
     # Bit-identical: same weights, optimizer, schedule, residuals, RNG and data position as the reference.
     assert got == ref, [(k, got[k], ref[k]) for k in ref if got[k] != ref[k]][:5]
     assert s["final"]["auroc_macro"] is not None
+    return took

@@ -1,6 +1,7 @@
 """Faults a run must survive or report in one line: a NaN loss, a corrupt image, W&B out of reach, a full
 disk while checkpointing, a checkpoint from another configuration, a worker dying under max_restarts."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,17 +89,24 @@ def test_incompatible_checkpoint_is_one_line_naming_the_mismatch(tmp_path):
     assert r.returncode == 2 and "no complete checkpoint" in error_line(r.stderr)
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A run directory whose checkpoints/ is a 400 KiB tmpfs: one checkpoint fits, the second does not."""
-    run_dir = tmp_path / "run"
+@contextlib.contextmanager
+def small_disk(run_dir):
+    """run_dir/checkpoints as a 400 KiB tmpfs: one checkpoint of RUN fits (about 290 KB), the second does not."""
     (run_dir / "checkpoints").mkdir(parents=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(run_dir / "checkpoints")],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    yield run_dir
-    subprocess.run(["umount", "-l", str(run_dir / "checkpoints")], check=False)
+    try:
+        yield run_dir
+    finally:
+        subprocess.run(["umount", "-l", str(run_dir / "checkpoints")], check=False)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    with small_disk(tmp_path / "run") as run_dir:
+        yield run_dir
 
 
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, tiny_disk):
