@@ -84,23 +84,41 @@ def forked_worker(cfg: dict, run_dir: str, meta: dict):
     return run_worker(cfg, run_dir, meta)
 
 
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "connection closed", "timed out",
+             "Broken pipe", "peer")
+
+
 def worker_failure(e) -> tuple:
-    """(one line, exit code) for a failed job: the first rank that failed and why (its exception's last line,
-    or the signal that killed it); exit code 2 for ringexp's own configuration or data errors."""
+    """(one line, exit code) for a failed job: the rank that failed first and why; exit code 2 for ringexp's own
+    configuration or data errors. When one worker dies the others soon fail too (their peer is gone), so the
+    root cause is sought first among ranks killed by a signal, then among errors not about a lost peer."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     if not isinstance(e, ChildFailedError):
-        lines = [line for line in str(e).splitlines() if line.strip()]
-        return (lines[-1] if lines else repr(e)), 1
-    rank, failure = e.get_first_failure()
-    message = failure.message or f"exit code {failure.exitcode}"
-    if isinstance(message, dict):  # the worker's error file: {"message": "Type: text", "extraInfo": {...}}
-        message = message.get("message", "")
-    message = str(message)
-    # an exception re-raised by a DataLoader worker carries the original traceback: its last line says it
-    lines = [line for line in message.splitlines() if line.strip()]
-    last = lines[-1] if lines else message
-    code = 2 if any(last.startswith(p) for p in ("DataError", "ConfigError", "ringexp.config.")) else 1
+        return one_line(str(e)) or repr(e), 1
+
+    def text(f) -> str:
+        message = f.message or f"exit code {f.exitcode}"
+        if isinstance(message, dict):  # the worker's error file: {"message": "Type: text", "extraInfo": {...}}
+            message = message.get("message", "")
+        return one_line(str(message))
+
+    def rank_key(item):
+        rank, f = item
+        return (f.exitcode >= 0, any(p in text(f) for p in PEER_LOST), f.timestamp, rank)
+
+    rank, failure = min(e.failures.items(), key=rank_key)
+    line = text(failure)
+    code = 2 if line.startswith(("DataError", "ConfigError", "ringexp.config.")) else 1
     for prefix in ("ringexp.config.DataError: ", "ringexp.config.ConfigError: ", "DataError: ", "ConfigError: "):
-        last = last.removeprefix(prefix)
-    return f"worker rank {rank} failed: {last}", code
+        line = line.removeprefix(prefix)
+    return f"worker rank {rank} failed: {line}", code
+
+
+def one_line(message: str) -> str:
+    """An exception's message in one line: its first line, or for an exception a DataLoader worker re-raised
+    (whose message carries the original traceback) the last line, which holds the original error."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[-1] if "Original Traceback" in message else lines[0]

@@ -140,6 +140,14 @@ def run_worker(cfg: dict, run_dir, meta):
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         return train(cfg, env, run_dir, meta)
+    except Exception as e:
+        from ringexp.launch import PEER_LOST
+
+        if any(p in str(e) for p in PEER_LOST):
+            # A consequence: a peer died. Linger a moment, so that the launcher, which reports the first worker
+            # it sees fail, sees the dead peer (the cause) before this one.
+            time.sleep(2)
+        raise
     finally:
         rdist.cleanup()
 
@@ -160,7 +168,9 @@ def train(cfg, env, run_dir: Path, meta: dict):
     opt_state = checkpoint.load_model(ckpt, cfg, model) if ckpt else None
     clock = timing.Clock(device)
     comm_timer = timing.CommTimer(clock, parallel.exposure(cfg))
-    model = parallel.apply(model, cfg, env, comm_timer)
+    # what a batch looks like (every data set gives 3 x image_size x image_size), for DDP to settle its buckets
+    example = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=device)
+    model = parallel.apply(model, cfg, env, comm_timer, example)
 
     bs, cuda = cfg.data.batch_size, device.type == "cuda"
     sampler = Sampler(train_ds, env.world_size, env.rank, shuffle=True, seed=cfg.seed, drop_last=True)

@@ -109,9 +109,9 @@ def main(cfg) -> dict | None:
         message, code = worker_failure(e)
         mark_failed(run_dir, message[:2000])
         kept = checkpoint.complete(run_dir)
-        hint = f" (last checkpoint: {kept[-1]}; resume=auto hydra.run.dir={run_dir} continues from it)"
-        print(f"ringexp: error: {message}" + (hint if kept and "resume=auto" not in message else ""),
-              file=sys.stderr)
+        if kept and "resume=auto" not in message:
+            message += f" (last checkpoint: {kept[-1]}; resume=auto hydra.run.dir={run_dir} continues from it)"
+        print(f"ringexp: error: {message}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             return None  # in a sweep the other jobs still run, and the compare report lists this one
         sys.exit(code)

@@ -20,8 +20,8 @@ def references():
 
     def get(preset):
         if preset not in cache:
-            run_dir = Path(tempfile.mkdtemp(prefix="ref-")) / preset
-            r = run_cli(run_dir, *tr.RUN, f"+parallel={preset}")
+            run_dir = Path(tempfile.mkdtemp(prefix="ref-")) / "run"
+            r = run_cli(run_dir, *tr.RUN, *tr.overrides(preset))
             assert r.returncode == 0, r.stderr[-2000:]
             cache[preset] = tr.losses(run_dir)
         return cache[preset]

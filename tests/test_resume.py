@@ -2,6 +2,7 @@
 process behind and keeps the last checkpoint; `resume=auto` then continues with the very losses of a run
 that was never interrupted."""
 
+import json
 import os
 import re
 import signal
@@ -68,6 +69,12 @@ def wait_for_step(proc, run_dir, step: int, timeout=180):
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
+def overrides(preset: str) -> list:
+    """`ring+wandb`: the ring preset with the offline W&B run on (whose id the resumed run must continue)."""
+    name, _, extra = preset.partition("+")
+    return [f"+parallel={name}"] + (["logger=wandb"] if extra == "wandb" else [])
+
+
 def losses(run_dir) -> dict:
     return {r["step"]: r["train/loss"] for r in read_rows(run_dir)}
 
@@ -79,8 +86,8 @@ def references(tmp_path_factory):
 
     def get(preset):
         if preset not in cache:
-            run_dir = tmp_path_factory.mktemp("ref") / preset
-            r = run_cli(run_dir, *RUN, f"+parallel={preset}")
+            run_dir = tmp_path_factory.mktemp("ref") / preset.replace("+", "_")
+            r = run_cli(run_dir, *RUN, *overrides(preset))
             assert r.returncode == 0, r.stderr[-3000:]
             cache[preset] = losses(run_dir)
         return cache[preset]
@@ -90,7 +97,7 @@ def references(tmp_path_factory):
 
 # (preset, what is killed, resume afterwards): exactness for ddp, ring, ring_fp16 and top-k with error feedback,
 # and FSDP's distributed checkpoint; a dying rank for ddp, ring, hierarchical and fsdp.
-CASES = [("ddp", "rank1", True), ("ring", "rank0", True), ("ring_fp16", "job", True), ("ddp_topk", "rank1", True),
+CASES = [("ddp", "rank1", True), ("ring+wandb", "rank0", True), ("ring_fp16", "job", True), ("ddp_topk", "rank1", True),
          ("hierarchical", "rank1", False), ("fsdp", "rank1", True)]
 
 
@@ -102,7 +109,7 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path, references, preset, k
 def kill_and_resume(run_dir, preset: str, kill: str, resume: bool, references) -> float:
     """Kill a run after step KILL_AFTER (one worker, or the whole job), check how it went down, resume it and
     compare every loss with the uninterrupted reference; returns the seconds from the kill to the job's exit."""
-    proc = start(run_dir, *RUN, f"+parallel={preset}")
+    proc = start(run_dir, *RUN, *overrides(preset))
     wait_for_step(proc, run_dir, KILL_AFTER)
     tree = descendants(proc.pid)
     killed_at = time.monotonic()
@@ -128,7 +135,7 @@ def kill_and_resume(run_dir, preset: str, kill: str, resume: bool, references) -
     if not resume:
         return took
 
-    r = run_cli(run_dir, *RUN, f"+parallel={preset}", "resume=auto")
+    r = run_cli(run_dir, *RUN, *overrides(preset), "resume=auto")
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(run_dir)
     assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5
@@ -138,4 +145,8 @@ def kill_and_resume(run_dir, preset: str, kill: str, resume: bool, references) -
     # Bit-identical: same weights, optimizer, schedule, residuals, RNG and data position as the reference.
     assert got == ref, [(k, got[k], ref[k]) for k in ref if got[k] != ref[k]][:5]
     assert s["final"]["auroc_macro"] is not None
+    if preset.endswith("+wandb"):  # the resumed run continued the same W&B run: same id, a second segment
+        runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+        wandb_id = json.loads((run_dir / "checkpoints" / "step-00000030" / "meta.json").read_text())["wandb_id"]
+        assert len(runs) == 2 and all(r.name.endswith(f"-{wandb_id}") for r in runs), runs
     return took

@@ -10,9 +10,10 @@ from ringexp.parallel import ddp, fsdp, single
 STRATEGIES = {"ddp": ddp, "ring": ddp, "hierarchical": ddp, "naive": ddp, "fsdp": fsdp, "single": single}
 
 
-def apply(model, cfg, env, timer=None):
-    """The model wrapped by the strategy; its collectives report to `timer` (a ringexp.timing.CommTimer)."""
-    return STRATEGIES[str(cfg.parallel.strategy)].apply(model, cfg, env, timer)
+def apply(model, cfg, env, timer=None, example=None):
+    """The model wrapped by the strategy; its collectives report to `timer` (a ringexp.timing.CommTimer).
+    `example`: an input batch of the right shape, with which DDP settles its buckets (see ddp.settle_buckets)."""
+    return STRATEGIES[str(cfg.parallel.strategy)].apply(model, cfg, env, timer, example)
 
 
 def wire_note(cfg) -> str:

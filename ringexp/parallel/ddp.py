@@ -22,7 +22,7 @@ def comm_options(p) -> dict:
             "variant": p.variant}
 
 
-def apply(model, cfg, env, timer=None):
+def apply(model, cfg, env, timer=None, example=None):
     p = cfg.parallel
     ddp = DDP(
         model.to(env.device),
@@ -32,7 +32,8 @@ def apply(model, cfg, env, timer=None):
         static_graph=p.static_graph,
         find_unused_parameters=p.find_unused_parameters,
     )
-    settle_buckets(ddp, cfg, env.device)
+    if example is not None:
+        settle_buckets(ddp, example)
     algorithm, c = ALGORITHM[p.strategy], cfg.compression
     if c.name == "powersgd":
         state, hook = compress.powersgd.hook(c, compress.error_feedback(c))
@@ -50,7 +51,7 @@ def apply(model, cfg, env, timer=None):
     return ddp
 
 
-def settle_buckets(ddp, cfg, device) -> None:
+def settle_buckets(ddp, example) -> None:
     """One throwaway backward, before any hook is registered, so that every real step runs on DDP's final buckets.
 
     DDP packs gradients into buckets in reverse parameter order, then re-packs them once, in the order the first
@@ -61,8 +62,7 @@ def settle_buckets(ddp, cfg, device) -> None:
     rng = torch.get_rng_state()
     was_training = ddp.training
     ddp.eval()
-    x = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=device)
-    ddp(x).float().sum().backward()
+    ddp(torch.zeros_like(example)).float().sum().backward()
     ddp.zero_grad(set_to_none=True)
     ddp.train(was_training)
     torch.set_rng_state(rng)

@@ -30,7 +30,7 @@ def blocks(model: nn.Module) -> list:
     return resnet or [m for m in model.children() if any(p.requires_grad for p in m.parameters())]
 
 
-def apply(model, cfg, env, timer=None):
+def apply(model, cfg, env, timer=None, example=None):
     p = cfg.parallel
     model = model.to(env.device)
     mesh = init_device_mesh(env.device.type, (env.world_size,))

@@ -1,7 +1,7 @@
 """One process, no communication: the baseline that scaling is measured against."""
 
 
-def apply(model, cfg, env, timer=None):
+def apply(model, cfg, env, timer=None, example=None):
     return model.to(env.device)
 
 
