@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import test_resume as tr  # noqa: E402
 import test_survive as ts  # noqa: E402
-from conftest import run_cli  # noqa: E402
+from conftest import make_image_folder, run_cli  # noqa: E402
 
 
 def references():
@@ -29,21 +29,6 @@ def references():
     return get
 
 
-def image_folder():
-    import numpy as np
-    from PIL import Image
-
-    root = Path(tempfile.mkdtemp(prefix="img-")) / "images"
-    root.mkdir()
-    rng = np.random.default_rng(0)
-    lines = ["path,cat,dog,bird"]
-    for i in range(24):
-        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(root / f"img{i}.png")
-        lines.append(f"img{i}.png," + ",".join(str(int(v)) for v in rng.integers(0, 2, 3)))
-    (root / "labels.csv").write_text("\n".join(lines) + "\n")
-    return root
-
-
 def main():
     trials = int(next((a for a in sys.argv[1:] if a.isdigit()), 3))
     refs = references()
@@ -54,7 +39,7 @@ def main():
         "SIGKILL rank 1 under launcher.max_restarts=1": lambda: ts.test_max_restarts_restarts_the_workers_and_finishes_from_the_checkpoint(Path(tempfile.mkdtemp())),  # noqa: E501
         "NaN loss": lambda: ts.test_nan_loss_stops_the_run_naming_step_and_rank(Path(tempfile.mkdtemp())),
         "NaN/inf under fp16 GradScaler": lambda: ts.test_fp16_grad_scaler_skips_non_finite_steps_and_counts_them(Path(tempfile.mkdtemp())),  # noqa: E501
-        "corrupt images (stop / skip_bad)": lambda: ts.test_corrupt_image_is_named_or_skipped_and_counted(Path(tempfile.mkdtemp()), image_folder()),  # noqa: E501
+        "corrupt images (stop / skip_bad)": lambda: ts.test_corrupt_image_is_named_or_skipped_and_counted(Path(tempfile.mkdtemp()), make_image_folder(Path(tempfile.mkdtemp()) / "images")),  # noqa: E501
         "W&B online unreachable + bad key": lambda: ts.test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_key(Path(tempfile.mkdtemp())),  # noqa: E501
         "incompatible checkpoint": lambda: ts.test_incompatible_checkpoint_is_one_line_naming_the_mismatch(Path(tempfile.mkdtemp())),  # noqa: E501
     }

@@ -38,12 +38,15 @@ def tiny():
 
 @pytest.fixture
 def image_folder(tmp_path):
+    return make_image_folder(tmp_path / "images")
+
+
+def make_image_folder(root: Path) -> Path:
     """A small real image folder with a labels CSV: 3 labels, 24 PNG images."""
     import numpy as np
     from PIL import Image
 
-    root = tmp_path / "images"
-    root.mkdir()
+    root.mkdir(parents=True)
     rng = np.random.default_rng(0)
     lines = ["path,cat,dog,bird"]
     for i in range(24):
