@@ -84,8 +84,8 @@ def forked_worker(cfg: dict, run_dir: str, meta: dict):
     return run_worker(cfg, run_dir, meta)
 
 
-PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "connection closed", "timed out",
-             "Broken pipe", "peer")
+# what a worker's error says when the cause is another worker that died or hung
+PEER_LOST = ("peer", "connection closed", "Broken pipe", "timed out")
 
 
 def worker_failure(e) -> tuple:

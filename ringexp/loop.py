@@ -22,7 +22,7 @@ from ringexp.compress.cast import DTYPES
 from ringexp.data import build_datasets, collate
 from ringexp.metrics import evaluate, median, peak_memory_bytes, spread, state_bytes
 from ringexp.models import build_model, param_bytes
-from ringexp.sinks import open_sinks, read_rows
+from ringexp.sinks import open_sinks, rewind
 
 log = logging.getLogger("ringexp")
 
@@ -207,7 +207,7 @@ def train(cfg, env, run_dir: Path, meta: dict):
     sinks = None
     if env.is_main:
         if mode:  # rows the checkpoint does not cover belong to an attempt this run redoes
-            rows = sinks_rows(run_dir, ckpt, start)
+            rows = rewind(run_dir, Path(ckpt).parent.parent if ckpt else run_dir, start)
             history, evals, step_times, parts = from_rows(rows, profiled)
             elapsed0 = rows[-1].get("train/elapsed_s", 0.0) if rows else 0.0
         sinks = open_sinks(cfg, run_dir, meta, steps, start, resumed and resumed.get("wandb_id"))
@@ -220,6 +220,7 @@ def train(cfg, env, run_dir: Path, meta: dict):
     timer = {"data": 0.0}
     stream = batches(loader, sampler, device, timer, pos)
     check_loss = not scaler.is_enabled()  # with a GradScaler, a non-finite loss skips the step instead
+    scale = scaler.get_scale() if scaler.is_enabled() else None
     state, prof, profile_summary, ok, saved = None, None, None, False, ckpt
     try:
         t_prev = time.perf_counter()
@@ -234,7 +235,6 @@ def train(cfg, env, run_dir: Path, meta: dict):
             if cfg.optim.grad_clip:
                 scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-            scale = scaler.get_scale() if not check_loss else None
             scaler.step(opt)
             scaler.update()
             if state is None:  # what each rank holds once gradients and optimizer state exist
@@ -246,8 +246,9 @@ def train(cfg, env, run_dir: Path, meta: dict):
             if check_loss and not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss.item()} at step {step} on rank {env.rank}; lower optim.lr, "
                                          "set optim.grad_clip, or check the data")
-            if scale is not None and scaler.get_scale() < scale:  # the scaler found inf/nan gradients
-                skipped_steps += 1
+            if not check_loss:  # the scaler backs off its scale when it found inf/nan gradients (and skipped)
+                scale, previous = scaler.get_scale(), scale
+                skipped_steps += scale < previous
             if prof is not None and step == profiled[-1]:
                 profile_summary = profiling.finish(prof, run_dir, env.rank, profiled.start, step, pr.top, device)
                 prof = None
@@ -325,17 +326,6 @@ def train(cfg, env, run_dir: Path, meta: dict):
     sinks.close(ok=True)
     log.info("done: %s", json.dumps(summary["throughput"]))
     return summary
-
-
-def sinks_rows(run_dir: Path, ckpt, step: int) -> list:
-    """metrics.jsonl cut back to the checkpoint's step (from the checkpoint's own run when it lies elsewhere),
-    rewritten atomically: appending then continues without duplicate steps."""
-    source = Path(ckpt).parent.parent if ckpt else run_dir
-    rows = [r for r in read_rows(source) if r["step"] <= step]
-    tmp = run_dir / "metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, run_dir / "metrics.jsonl")
-    return rows
 
 
 def make_summary(cfg, env, meta, run_dir, step_times, parts, history, evals, global_batch, grad_bytes, wire,

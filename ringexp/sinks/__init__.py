@@ -1,6 +1,7 @@
 """Where rank 0's records go: metrics.jsonl (never lost), W&B (best effort) and a progress bar."""
 
 import json
+import os
 from pathlib import Path
 
 from ringexp.sinks.jsonl import JsonlSink
@@ -55,4 +56,14 @@ def read_rows(run_dir) -> list:
     return rows
 
 
-__all__ = ["Sinks", "open_sinks", "read_rows"]
+def rewind(run_dir, source, step: int) -> list:
+    """metrics.jsonl of `run_dir` made the rows of `source` (the run a checkpoint came from, often the same) up to
+    `step`, rewritten atomically; a resumed run then appends without duplicate steps. Returns those rows."""
+    rows = [r for r in read_rows(source) if r["step"] <= step]
+    tmp = Path(run_dir) / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, Path(run_dir) / "metrics.jsonl")
+    return rows
+
+
+__all__ = ["Sinks", "open_sinks", "read_rows", "rewind"]
