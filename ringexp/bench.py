@@ -22,7 +22,12 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from ringexp.config import CompressionConfig, ConfigError
+from ringexp import comm, compress, records
+from ringexp import dist as rdist
+from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, plain
+from ringexp.errors import ConfigError, print_error
+from ringexp.launch import elastic
+from ringexp.sinks.wandb import WandbSink
 
 log = logging.getLogger("ringexp")
 # bench name -> (ringexp.comm algorithm, options)
@@ -54,7 +59,8 @@ def sizes(cfg) -> list:
     return out
 
 
-def check(cfg) -> None:
+def check(cfg: BenchConfig) -> None:
+    """What the bench config's own field checks cannot see: names, and nodes against every world size."""
     def known(name):  # 'ring' or 'ring:<KiB>'
         base, colon, kb = name.partition(":")
         return base in VARIANTS and (not colon or kb.isdigit() and int(kb) > 0)
@@ -62,19 +68,13 @@ def check(cfg) -> None:
     unknown = [a for a in cfg.algorithms if not known(a)]
     if unknown:
         raise ConfigError(f"bench: unknown algorithm {unknown[0]}; choose from {', '.join(VARIANTS)}")
-    from ringexp.compress import COMPRESSORS
-
-    odd = [c for c in cfg.compressors if c not in COMPRESSORS or c == "powersgd"]
+    odd = [c for c in cfg.compressors if c not in compress.COMPRESSORS or c == "powersgd"]
     if odd:
         raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
-                          f"{', '.join(c for c in COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook)")
-    if not 0 < cfg.ratio <= 1:
-        raise ConfigError(f"bench: ratio={cfg.ratio} must be in (0, 1]")
+                          f"{', '.join(c for c in compress.COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook)")
     bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
-    if any(n < 1 for n in cfg.nprocs) or cfg.iters < 1 or (cfg.segment_kb or 1) < 1 or cfg.min_bytes < 1:
-        raise ConfigError("bench: nprocs, iters, segment_kb and min_bytes must be >= 1")
     if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
         odd = [n for n in cfg.nprocs if n % cfg.nodes]
         if odd:
@@ -84,8 +84,6 @@ def check(cfg) -> None:
 def count_wrong(x, y, c, dname: str, n: int) -> int:
     """Elements of `y` off from builtin's sum by more than the dtype's tolerance; for a compressor, from
     builtin's sum of every rank's locally encoded-and-decoded input, within that compressor's error bound."""
-    from ringexp import comm, compress
-
     if c is None:
         ref = comm.all_reduce(x.clone(), "builtin")
         tol = TOLERANCE[dname] * (ref.abs().float() + 1)
@@ -95,11 +93,7 @@ def count_wrong(x, y, c, dname: str, n: int) -> int:
     return int(((y.float() - ref.float()).abs() > tol).sum())
 
 
-def bench_worker(cfg: dict) -> list:
-    from ringexp import comm, compress
-    from ringexp import dist as rdist
-
-    cfg = OmegaConf.create(cfg)
+def bench_worker(cfg: BenchConfig) -> list:
     env = rdist.init("cpu")
     n, rows = env.world_size, []
     opts = {"segment_bytes": cfg.segment_kb and cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": cfg.nodes}
@@ -108,7 +102,7 @@ def bench_worker(cfg: dict) -> list:
     specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
     for cname in cfg.compressors:
         if cname != "none":
-            c = OmegaConf.structured(CompressionConfig(name=cname, ratio=cfg.ratio, error_feedback=False))
+            c = CompressionConfig(name=cname, ratio=cfg.ratio, error_feedback=False)
             specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()}
 
     def run(buf, spec):
@@ -190,8 +184,6 @@ def write_results(rows: list, run_dir: Path) -> None:
 
 
 def log_wandb(cfg: dict, rows: list, run_dir: Path) -> None:
-    from ringexp.sinks.wandb import WandbSink
-
     meta = {"group": cfg["name"] or "bench", "job_type": "bench", "name": cfg["name"] or "bench", "choices": {}}
     sink = WandbSink.open(cfg, run_dir, meta)
     if sink is None:
@@ -202,25 +194,21 @@ def log_wandb(cfg: dict, rows: list, run_dir: Path) -> None:
     sink.close()
 
 
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent.parent / "conf"),
-            config_name="bench")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
 def main(cfg) -> None:
-    from ringexp.launch import elastic
-    from ringexp.train import mark_failed
-
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     try:
-        check(OmegaConf.create(config))
+        config = OmegaConf.to_object(cfg)  # BenchConfig: its fields check themselves
+        check(config)
     except ConfigError as e:
-        mark_failed(run_dir, str(e))
-        print(f"ringexp: error: {e}", file=sys.stderr)
+        records.mark_failed(run_dir, str(e))
+        print_error(str(e))
         sys.exit(2)
     rows = []
-    for n in cfg.nprocs:
+    for n in config.nprocs:
         rows += elastic(bench_worker, n, config, log_dir=run_dir / f"workers-n{n}")[0]
     write_results(rows, run_dir)
-    log_wandb(config, rows, run_dir)
+    log_wandb(plain(config), rows, run_dir)
     print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
 
 

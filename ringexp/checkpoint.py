@@ -4,6 +4,7 @@
         meta.json   step, world size, what must match to resume, the W&B run id; rank 0 writes it last
         model.pt    model and optimizer (DDP family: rank 0 writes them, every rank holds the same)
         *.distcp    FSDP instead: torch.distributed.checkpoint, every rank writes its own shards
+                    (how the model is saved and loaded is the strategy's: ringexp.parallel)
         rank<R>.pt  each rank's own: RNG states, compressor state (error-feedback residuals), data position,
                     LR schedule, GradScaler
 
@@ -25,13 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ringexp.config import ConfigError
-
-SHARDED = ("fsdp",)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the previous one is intact."""
+from ringexp import parallel, records
+from ringexp.errors import CheckpointError, ConfigError
 
 
 def folder(run_dir) -> Path:
@@ -69,7 +65,7 @@ def find(resume, run_dir):
 def fingerprint(cfg, world_size: int) -> dict:
     """What a checkpoint's contents depend on: resuming with any of it changed cannot continue the run."""
     return {"model.name": cfg.model.name, "model.width": cfg.model.width, "world size": world_size,
-            "sharded": str(cfg.parallel.strategy) in SHARDED, "compression.name": cfg.compression.name,
+            "sharded": parallel.STRATEGIES[cfg.parallel.strategy].sharded, "compression.name": cfg.compression.name,
             "optim.name": str(cfg.optim.name)}
 
 
@@ -107,31 +103,6 @@ def set_rng_state(state: dict, device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def comm_state_dict(model):
-    """The communication hook's state: ringexp's compressor (residuals, DGC momentum, step counts) or PyTorch's
-    PowerSGD (its error feedback and warm-start factors)."""
-    from ringexp.compress import powersgd
-
-    s = getattr(model, "comm_state", None)
-    if s is None:
-        return None
-    if hasattr(s, "compressor"):
-        return s.compressor.state_dict() if s.compressor is not None else None
-    return powersgd.state_dict(s)
-
-
-def load_comm_state(model, d) -> None:
-    from ringexp.compress import powersgd
-
-    s = getattr(model, "comm_state", None)
-    if d is None or s is None:
-        return
-    if hasattr(s, "compressor"):
-        s.compressor.load_state_dict(d)
-    else:
-        powersgd.load_state_dict(s, d)
-
-
 def first_error(error, env):
     """The first rank's error (as 'rank R: Type: text'), agreed on by every rank; None if all succeeded."""
     mine = None if error is None else f"rank {env.rank}: {type(error).__name__}: {error}"
@@ -142,49 +113,49 @@ def first_error(error, env):
     return next((e for e in errors if e is not None), None)
 
 
-def save(run_dir, step: int, cfg, env, model, opt, local: dict, wandb_id=None) -> Path:
-    """Write checkpoint `step` (collective: every rank calls it); returns its path. CheckpointError on every rank
-    if any rank failed to write, with the previous checkpoint left as it was."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
+def save(run_dir, step: int, cfg, env, strategy, model, opt, own: dict, wandb_id=None) -> Path:
+    """Write checkpoint `step` (collective: every rank calls it); returns its path. `own` is this rank's own state
+    (rank<R>.pt). CheckpointError on every rank if any rank failed to write, the previous checkpoint left as it was."""
     final = folder(run_dir) / f"step-{step:08d}"
     tmp = final.with_suffix(".tmp")
-    error = None
-    if env.is_main:
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        except OSError as e:
-            error = e
-    if (agreed := first_error(error, env)) is not None:
-        return fail(run_dir, step, agreed, env)
-    try:
-        if str(cfg.parallel.strategy) in SHARDED:
-            import torch.distributed.checkpoint as dcp
-
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=tmp)
-        elif env.is_main:
-            write(tmp / "model.pt", {"model": unwrap(model).state_dict(), "optimizer": opt.state_dict()})
-        write(tmp / f"rank{env.rank}.pt", local)
-    except Exception as e:  # a full disk, a vanished directory: every rank must hear of it
-        error = e
-    agreed = first_error(error, env)
-    if agreed is None and env.is_main:
-        try:
-            m = {"step": step, "world_size": env.world_size, "fingerprint": fingerprint(cfg, env.world_size),
-                 "wandb_id": wandb_id, "strategy": str(cfg.parallel.strategy)}
-            write_text(tmp / "meta.json", json.dumps(m, indent=2) + "\n")
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
-            for old in complete(run_dir)[:-cfg.checkpoint.keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError as e:
-            error = e
-    if (agreed := first_error(error, env)) is not None:
-        return fail(run_dir, step, agreed, env)
+    agreed = first_error(_attempt(env.is_main, _fresh_dir, tmp), env)
+    if agreed is None:
+        def write():
+            strategy.save(tmp, model, opt)
+            records.save_tensors(tmp / f"rank{env.rank}.pt", own)
+        agreed = first_error(_attempt(True, write), env)
+    if agreed is None:
+        m = {"step": step, "world_size": env.world_size, "fingerprint": fingerprint(cfg, env.world_size),
+             "wandb_id": wandb_id, "strategy": str(cfg.parallel.strategy)}
+        agreed = first_error(_attempt(env.is_main, _publish, tmp, final, m, cfg.checkpoint.keep), env)
+    if agreed is not None:
+        fail(run_dir, step, agreed, env)
     return final
+
+
+def _attempt(mine: bool, fn, *args):
+    """Run fn(*args) if it is this rank's to run; the error it raised (a full disk, a vanished directory), or None."""
+    try:
+        if mine:
+            fn(*args)
+    except Exception as e:
+        return e
+    return None
+
+
+def _fresh_dir(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+
+
+def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
+    """Rank 0, once every rank has written: meta.json last, then the rename that makes the checkpoint complete."""
+    records.write_text(tmp / "meta.json", json.dumps(m, indent=2) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    records.fsync_dir(final.parent)
+    for old in complete(final.parent.parent)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def fail(run_dir, step: int, error: str, env):
@@ -196,57 +167,8 @@ def fail(run_dir, step: int, error: str, env):
     raise CheckpointError(f"checkpoint at step {step} not written ({error}); {previous}")
 
 
-def write(path: Path, obj) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_text(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def unwrap(model):
-    return getattr(model, "module", model)
-
-
-def read(path: Path):
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def load_model(path, cfg, model):
-    """DDP family: the model's weights, into the bare model on every rank, before the strategy wraps it;
-    returns the optimizer's state for `load_after_wrap` (None for FSDP, which loads both after wrapping)."""
-    if str(cfg.parallel.strategy) in SHARDED:
-        return None
-    saved = read(Path(path) / "model.pt")
-    unwrap(model).load_state_dict(saved["model"])
-    return saved["optimizer"]
-
-
-def load_after_wrap(path, cfg, env, model, opt, opt_state) -> dict:
-    """The optimizer (and FSDP's sharded model) into the wrapped model; returns this rank's own state."""
+def load(path, env, strategy, model, opt) -> dict:
+    """Model and optimizer (through the strategy) into the wrapped model; returns this rank's own state."""
     path = Path(path)
-    if str(cfg.parallel.strategy) in SHARDED:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        msd, osd = get_state_dict(model, opt)
-        state = {"model": msd, "optimizer": osd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    else:
-        opt.load_state_dict(opt_state)
-    return read(path / f"rank{env.rank}.pt")
+    strategy.load(path, model, opt)
+    return records.load_tensors(path / f"rank{env.rank}.pt")

@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+from ringexp import records
+from ringexp.errors import print_error, print_warning
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute ms", "exposed comm ms",
@@ -35,14 +39,10 @@ def load_local(paths) -> list:
             if f.parent in seen:
                 continue
             seen.add(f.parent)
-            metrics = f.parent / "metrics.jsonl"
-            rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] \
-                if metrics.exists() else []
+            rows = records.read_rows(f.parent)  # a line cut short by a killed run is dropped, the run kept
             summary = json.loads(f.read_text())
             hydra_overrides = f.parent / ".hydra" / "overrides.yaml"
             if "overrides" not in summary and hydra_overrides.exists():  # a run that failed before it started
-                from omegaconf import OmegaConf
-
                 summary["overrides"] = list(OmegaConf.load(hydra_overrides))
             runs.append({"dir": str(f.parent), "summary": summary, "rows": rows})
     return runs
@@ -50,7 +50,7 @@ def load_local(paths) -> list:
 
 def load_wandb(path: str, group: str) -> list:
     """The same records from the W&B API (online): summaries are stored flattened with '.' separators."""
-    import wandb
+    import wandb  # only for --wandb: importing it costs about a second
 
     runs = []
     for r in wandb.Api().runs(path, filters={"group": group}, order="+created_at"):
@@ -234,7 +234,7 @@ class SweepReport(Callback):
                 print(report(runs, sweep), end="")
                 print(f"ringexp: compare report in {sweep}/compare.md")
         except Exception as e:  # the runs' own records are complete; a report that fails must not hide them
-            print(f"ringexp: warning: no compare report for {sweep} ({type(e).__name__}: {e})", file=sys.stderr)
+            print_warning(f"no compare report for {sweep} ({type(e).__name__}: {e})")
 
 
 def main(argv=None) -> int:
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
         if not runs:
             raise ValueError(f"no runs (summary.json) under {' '.join(args.paths) or args.group}")
     except (ValueError, FileNotFoundError, json.JSONDecodeError) as e:
-        print(f"ringexp: error: {e}", file=sys.stderr)
+        print_error(str(e))
         return 2
     out = Path(args.out) if args.out else (Path(args.paths[0]) if len(args.paths) == 1 else None)
     print(report(runs, out, args.baseline), end="")

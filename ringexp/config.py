@@ -1,28 +1,33 @@
-"""Typed schema for every config group, and ringexp's own validation.
+"""The typed schema of every config group: the one place where defaults and value ranges live.
 
-Hydra merges the YAML files in conf/ into these dataclasses, so a misspelt key or a wrong type fails at
-composition with Hydra's own message. What only ringexp can judge (ranges, combinations, files, what the
-device can do) is checked by `validate`, which raises ConfigError: one line, printed with exit code 2,
-before any worker starts.
+conf/ names the choices (which option files exist, and what each sets apart from these defaults); Hydra merges
+them into these dataclasses, so a misspelt key or a wrong type fails at composition with Hydra's own message.
+`OmegaConf.to_object` then builds the dataclasses themselves, and each checks its own fields in `__post_init__`
+(ConfigError: one line, exit code 2), whether or not the group that reads a field is in use. What spans several
+groups (combinations, data files, the machine) is checked by ringexp.validate. Workers and records get these
+dataclasses, with enums where a field has a fixed set of values.
 """
 
-import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, List, Optional
+from enum import StrEnum
+from pathlib import Path
+from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from ringexp.errors import ConfigError
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-class ConfigError(ValueError):
-    """A mistake in the user's configuration; the message says what to do."""
+def need(ok: bool, key: str, value, rule: str) -> None:
+    """Raise ConfigError `key=value: rule` unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key}={value}: {rule}")
 
 
-class DataError(ConfigError):
-    """A problem with the user's data (missing folder, bad CSV); the message names the file and line."""
-
-
-class Strategy(str, Enum):
+class StrategyName(StrEnum):
     ddp = "ddp"  # DDP with the builtin all-reduce
     ring = "ring"  # DDP with ringexp's ring as its communication hook
     hierarchical = "hierarchical"
@@ -31,34 +36,34 @@ class Strategy(str, Enum):
     single = "single"
 
 
-class HierarchicalVariant(str, Enum):
+class HierarchicalVariant(StrEnum):
     two_level = "two_level"
     leader = "leader"
 
 
-class CompressionScope(str, Enum):
+class CompressionScope(StrEnum):
     all = "all"
     inter_node = "inter_node"  # hierarchical: compress only the traffic between nodes
 
 
-class AmpMode(str, Enum):
+class AmpMode(StrEnum):
     off = "off"
     bf16 = "bf16"
     fp16 = "fp16"
 
 
-class OptimName(str, Enum):
+class OptimName(StrEnum):
     adamw = "adamw"
     sgd = "sgd"
 
 
-class WandbMode(str, Enum):
+class WandbMode(StrEnum):
     offline = "offline"
     online = "online"
     disabled = "disabled"
 
 
-class Device(str, Enum):
+class Device(StrEnum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
@@ -69,6 +74,10 @@ class ModelConfig:
     name: str = "small_cnn"  # "small_cnn" (built in, fast on CPU) or any timm model name
     width: int = 16  # small_cnn: channels of the first stage (doubled per stage)
     drop_rate: float = 0.0
+
+    def __post_init__(self):
+        need(self.width >= 1, "model.width", self.width, "must be >= 1")
+        need(0 <= self.drop_rate < 1, "model.drop_rate", self.drop_rate, "must be in [0, 1)")
 
 
 @dataclass
@@ -95,6 +104,17 @@ class DataConfig:
     val_fraction: float = 0.1
     skip_bad: bool = False  # image_folder: skip unreadable images (counted in data/skipped_bad) instead of failing
 
+    def __post_init__(self):
+        need(self.batch_size >= 1, "data.batch_size", self.batch_size, "need at least 1 sample per batch")
+        need(self.num_workers >= 0, "data.num_workers", self.num_workers, "must be >= 0 (0: load in the worker)")
+        need(self.image_size >= 1, "data.image_size", self.image_size, "must be >= 1 pixel")
+        for key in ("num_labels", "train_size", "val_size", "motif_size"):
+            need(getattr(self, key) >= 1, f"data.{key}", getattr(self, key), "must be >= 1")
+        need(0 <= self.label_prob <= 1, "data.label_prob", self.label_prob, "must be in [0, 1]")
+        need(self.distractors >= 0 and self.noise >= 0, "data.distractors, data.noise",
+             f"{self.distractors}, {self.noise}", "must be >= 0")
+        need(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction, "must be between 0 and 1")
+
 
 @dataclass
 class CompressionConfig:
@@ -110,10 +130,25 @@ class CompressionConfig:
     momentum_correction: bool = False  # topk / randomk with optim=sgd: DGC's momentum correction
     scope: CompressionScope = CompressionScope.all  # hierarchical: all or inter_node
 
+    def __post_init__(self):
+        need(0 < self.ratio <= 1, "compression.ratio", self.ratio, "must be in (0, 1], e.g. 0.01 for 1%")
+        need(self.block >= 1, "compression.block", self.block, "int8 needs at least 1 element per scale")
+        need(self.rank >= 1, "compression.rank", self.rank, "PowerSGD needs rank >= 1")
+        need(self.start_step >= 2, "compression.start_step", self.start_step,
+             "PowerSGD needs >= 2 uncompressed steps first")
+        need(self.warmup_steps >= 0, "compression.warmup_steps", self.warmup_steps, "must be >= 0")
+        # the sparsity warm-up starts at warmup_ratio and falls to ratio
+        low_ok = self.ratio <= self.warmup_ratio if self.warmup_steps else self.warmup_ratio > 0
+        need(low_ok and self.warmup_ratio <= 1, "compression.warmup_ratio", self.warmup_ratio,
+             "must be in [ratio, 1] (the sparsity warm-up starts there and falls to ratio)")
+
 
 @dataclass
 class AccumulationConfig:
     steps: int = 1  # micro-batches per optimizer step; gradients are synchronised on the last one only
+
+    def __post_init__(self):
+        need(self.steps >= 1, "accumulation.steps", self.steps, "need at least 1 micro-batch per step")
 
 
 @dataclass
@@ -133,19 +168,35 @@ class OptimConfig:
     base_batch_size: int = 128
     grad_clip: Optional[float] = None  # max global grad norm; null disables
 
+    def __post_init__(self):
+        need(self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        need(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        need(0 <= self.momentum < 1, "optim.momentum", self.momentum, "must be in [0, 1)")
+        need(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        need(self.base_batch_size >= 1, "optim.base_batch_size", self.base_batch_size, "must be >= 1")
+        need(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip,
+             "must be > 0, or null to disable")
+
 
 @dataclass
 class LoggerConfig:
     mode: WandbMode = WandbMode.offline
     project: str = "ringexp"
     entity: Optional[str] = None
-    log_every: int = 1  # steps between rows in metrics.jsonl / W&B
+    # Steps between rows in metrics.jsonl / W&B. A row costs an all-reduce and W&B's CPU (about 4% of a default
+    # step on 2 cores, docs/results/overhead.md); the steps between rows cost what a plain loop's do.
+    log_every: int = 10
     init_timeout_s: float = 60.0  # online: how long to try reaching W&B before falling back to offline records
+
+    def __post_init__(self):
+        need(self.log_every >= 1, "logger.log_every", self.log_every, "must be >= 1")
+        need(self.init_timeout_s > 0, "logger.init_timeout_s", self.init_timeout_s, "must be > 0 seconds")
 
 
 @dataclass
 class ParallelConfig:
-    strategy: Strategy = Strategy.ddp
+    strategy: StrategyName = StrategyName.ddp
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
@@ -158,6 +209,15 @@ class ParallelConfig:
     forward_prefetch: int = 0  # fsdp: blocks whose all-gather is issued ahead in forward (0: none, FSDP2's default)
     backward_prefetch: int = 1  # fsdp: blocks prefetched ahead in backward (1: FSDP2's own implicit prefetch)
 
+    def __post_init__(self):
+        need(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", self.bucket_cap_mb, "must be > 0")
+        need(self.segment_kb is None or self.segment_kb >= 1, "parallel.segment_kb", self.segment_kb,
+             "the ring's segments need at least 1 KiB")
+        need(self.nodes is None or self.nodes >= 1, "parallel.nodes", self.nodes, "must be >= 1, or null")
+        need(self.timeout_s > 0, "parallel.timeout_s", self.timeout_s, "must be > 0 seconds")
+        need(self.forward_prefetch >= 0 and self.backward_prefetch >= 0, "parallel.forward_prefetch, backward_prefetch",
+             f"{self.forward_prefetch}, {self.backward_prefetch}", "count blocks: must be >= 0")
+
 
 @dataclass
 class ProfileConfig:
@@ -165,6 +225,10 @@ class ProfileConfig:
     start_step: int = 5
     steps: int = 3
     top: int = 10  # operators listed in the summary and the log
+
+    def __post_init__(self):
+        need(min(self.start_step, self.steps, self.top) >= 1, "profile.start_step, steps, top",
+             f"{self.start_step}, {self.steps}, {self.top}", "must be >= 1")
 
 
 @dataclass
@@ -174,11 +238,22 @@ class LauncherConfig:
     threads_per_worker: int = 0  # CPU only; 0 = cores / workers on this node
     max_restarts: int = 0  # local workers: restarts of the whole job after a worker dies (each resumes)
 
+    def __post_init__(self):
+        need(self.nproc_per_node is None or self.nproc_per_node >= 1, "launcher.nproc_per_node", self.nproc_per_node,
+             "need at least 1 worker")
+        need(self.threads_per_worker >= 0, "launcher.threads_per_worker", self.threads_per_worker,
+             "must be >= 0 (0: cores / workers)")
+        need(self.max_restarts >= 0, "launcher.max_restarts", self.max_restarts, "must be >= 0")
+
 
 @dataclass
 class CheckpointConfig:
     every_steps: int = 0  # 0: only at the end
     keep: int = 2  # newest complete checkpoints kept in <run dir>/checkpoints
+
+    def __post_init__(self):
+        need(self.every_steps >= 0, "checkpoint.every_steps", self.every_steps, "must be >= 0 (0: only at the end)")
+        need(self.keep >= 1, "checkpoint.keep", self.keep, "must be >= 1")
 
 
 @dataclass
@@ -203,6 +278,11 @@ class TrainConfig:
     eval_every: int = 100
     throughput_warmup: int = 10  # steps left out of the steady-state throughput
 
+    def __post_init__(self):
+        need(self.steps >= 1, "steps", self.steps, "need at least 1 optimizer step")
+        need(self.eval_every >= 1, "eval_every", self.eval_every, "must be >= 1")
+        need(self.throughput_warmup >= 0, "throughput_warmup", self.throughput_warmup, "must be >= 0")
+
 
 @dataclass
 class BenchConfig:
@@ -225,6 +305,20 @@ class BenchConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: Optional[str] = None
 
+    def __post_init__(self):
+        need(0 < self.ratio <= 1, "bench: ratio", self.ratio, "must be in (0, 1]")
+        for key in ("iters", "min_bytes", "nodes"):
+            need(getattr(self, key) >= 1, f"bench: {key}", getattr(self, key), "must be >= 1")
+        need(self.size_factor >= 2, "bench: size_factor", self.size_factor, "must be >= 2")
+        need(self.warmup >= 0, "bench: warmup", self.warmup, "must be >= 0")
+        need(all(n >= 1 for n in self.nprocs), "bench: nprocs", self.nprocs, "every world size must be >= 1")
+        need(self.segment_kb is None or self.segment_kb >= 1, "bench: segment_kb", self.segment_kb, "must be >= 1")
+
+
+def plain(cfg) -> dict:
+    """A config dataclass as plain values (enums as their strings): for records, W&B and config.yaml."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+
 
 def register() -> None:
     # Only the root schemas: group options stay the YAML files, so Hydra's list of choices is clean.
@@ -233,177 +327,3 @@ def register() -> None:
 
 
 register()
-
-
-def resolve_launcher(cfg) -> None:
-    """Make `launcher.device` and `launcher.nproc_per_node` concrete, in place, before validation.
-
-    The only place that looks at the machine: workers and records see the resolved values.
-    """
-    import torch
-
-    if cfg.launcher.device == "auto":
-        cfg.launcher.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.launcher.nproc_per_node is None:
-        cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == "cuda" else 2
-
-
-def validate(cfg: Any) -> None:
-    """Resolve the launcher (in place), then check what composition cannot; raise ConfigError with a
-    message that says what to do."""
-    import torch
-
-    from ringexp.data import check_data
-    from ringexp.models import check_model
-
-    resolve_launcher(cfg)
-    unknown = list(unknown_keys(cfg, TrainConfig))
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0]} (misspelt?); `+key=value` adds keys, but only keys of "
-                          "ringexp's schema mean anything: see conf/ for the valid ones")
-    n, device = cfg.launcher.nproc_per_node, cfg.launcher.device
-    visible = torch.cuda.device_count() if device == "cuda" else 0
-    if device == "cuda" and visible == 0:
-        raise ConfigError("launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
-    if n < 1:
-        raise ConfigError(f"launcher.nproc_per_node={n}: need at least 1 worker")
-    if device == "cuda" and n > visible:
-        raise ConfigError(f"launcher.nproc_per_node={n} asks for more GPUs than the {visible} visible; "
-                          f"use launcher.nproc_per_node<={visible}")
-    if cfg.parallel.strategy == Strategy.single and n != 1:
-        raise ConfigError(f"parallel.strategy=single runs one process, but launcher.nproc_per_node={n}; "
-                          "drop the override or use +parallel=ddp")
-    if cfg.accumulation.steps < 1:
-        raise ConfigError(f"accumulation.steps={cfg.accumulation.steps}: need at least 1 micro-batch per step")
-    if cfg.data.batch_size < 1:
-        raise ConfigError(f"data.batch_size={cfg.data.batch_size}: need at least 1 sample per batch")
-    if cfg.data.name == "synthetic" and cfg.data.train_size < cfg.data.batch_size * n:
-        raise ConfigError(f"data.train_size={cfg.data.train_size} cannot fill one batch of {cfg.data.batch_size} "
-                          f"on each of {n} workers; raise data.train_size or lower data.batch_size")
-    if cfg.steps < 1:
-        raise ConfigError(f"steps={cfg.steps}: need at least 1 optimizer step")
-    if cfg.eval_every < 1 or cfg.logger.log_every < 1:
-        raise ConfigError("eval_every and logger.log_every must be >= 1")
-    check_comm(cfg.parallel, n)
-    if cfg.parallel.bucket_cap_mb <= 0:
-        raise ConfigError(f"parallel.bucket_cap_mb={cfg.parallel.bucket_cap_mb}: must be > 0")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr={cfg.optim.lr}: must be > 0")
-    if cfg.optim.grad_clip is not None and cfg.optim.grad_clip <= 0:
-        raise ConfigError(f"optim.grad_clip={cfg.optim.grad_clip}: must be > 0, or null to disable")
-    check_fsdp(cfg)
-    check_compression(cfg.compression, cfg.parallel.strategy, cfg.optim.name)
-    check_amp(cfg.amp.mode, device)
-    check_profile(cfg.profile, cfg.steps)
-    if cfg.checkpoint.every_steps < 0 or cfg.checkpoint.keep < 1:
-        raise ConfigError(f"checkpoint.every_steps={cfg.checkpoint.every_steps} (>= 0, 0: only at the end) and "
-                          f"checkpoint.keep={cfg.checkpoint.keep} (>= 1) are out of range")
-    if cfg.launcher.max_restarts < 0:
-        raise ConfigError(f"launcher.max_restarts={cfg.launcher.max_restarts}: must be >= 0")
-    if cfg.logger.init_timeout_s <= 0:
-        raise ConfigError(f"logger.init_timeout_s={cfg.logger.init_timeout_s}: must be > 0 seconds")
-    check_model(cfg.model.name)
-    check_data(cfg.data)
-
-
-def check_compression(c, strategy, optim) -> None:
-    """What a compressor needs from the strategy and the optimizer (conf/compression/ lists the names)."""
-    from ringexp import compress
-
-    if c.name not in compress.COMPRESSORS:
-        raise ConfigError(f"compression.name={c.name}: unknown; choose from {', '.join(compress.COMPRESSORS)}")
-    if c.name == "none":
-        return
-    if strategy == Strategy.single:
-        raise ConfigError(f"compression={c.name} with parallel.strategy=single: one process sends nothing; "
-                          "use compression=none or a multi-process strategy")
-    if c.name in compress.SPARSIFIERS:
-        if not 0 < c.ratio <= 1:
-            raise ConfigError(f"compression.ratio={c.ratio}: must be in (0, 1], e.g. 0.01 for 1%")
-        if c.warmup_steps < 0 or not c.ratio <= c.warmup_ratio <= 1:
-            raise ConfigError(f"compression.warmup_ratio={c.warmup_ratio}: must be in [ratio, 1] "
-                              "(and warmup_steps >= 0)")
-    if c.name == "int8" and c.block < 1:
-        raise ConfigError(f"compression.block={c.block}: int8 needs at least 1 element per scale")
-    if c.name == "powersgd":
-        if c.rank < 1:
-            raise ConfigError(f"compression.rank={c.rank}: PowerSGD needs rank >= 1")
-        if c.start_step < 2:
-            raise ConfigError(f"compression.start_step={c.start_step}: PowerSGD needs >= 2 uncompressed steps first")
-        if strategy != Strategy.ddp:
-            raise ConfigError(f"compression=powersgd runs PyTorch's PowerSGD hook, which the {strategy} strategy "
-                              "cannot carry; use +parallel=ddp_powersgd")
-    if c.scope == CompressionScope.inter_node and (strategy != Strategy.hierarchical or not
-                                                   compress.COMPRESSORS[c.name].WIRE):
-        raise ConfigError(f"compression.scope=inter_node needs +parallel=hierarchical and fp16, bf16 or int8 "
-                          f"(got strategy {strategy}, compression={c.name})")
-    if c.momentum_correction and (c.name not in compress.SPARSIFIERS or optim != OptimName.sgd
-                                  or not compress.error_feedback(c)):
-        raise ConfigError("compression.momentum_correction needs topk or randomk, error feedback and optim=sgd "
-                          "(it moves SGD's momentum before the compressor)")
-
-
-def check_fsdp(cfg) -> None:
-    """FSDP reduces gradients itself: it takes a cast as its reduce dtype and nothing else of the DDP family's."""
-    p, c = cfg.parallel, cfg.compression
-    if p.forward_prefetch < 0 or p.backward_prefetch < 0:
-        raise ConfigError("parallel.forward_prefetch and parallel.backward_prefetch count blocks: must be >= 0")
-    if p.strategy != Strategy.fsdp:
-        return
-    if c.name not in ("none", "fp16", "bf16"):
-        raise ConfigError(f"compression={c.name} with +parallel=fsdp: FSDP reduces gradients itself and takes only "
-                          "a cast (fp16 or bf16, its reduce dtype); use compression=none|fp16|bf16 or a DDP strategy")
-    if p.nodes is not None:
-        raise ConfigError(f"parallel.nodes={p.nodes} with +parallel=fsdp: FSDP shards over all ranks (no hybrid "
-                          "sharding here); drop parallel.nodes, or use +parallel=hierarchical")
-
-
-def check_profile(pr, steps: int) -> None:
-    if not pr.enabled:
-        return
-    if pr.start_step < 1 or pr.steps < 1 or pr.top < 1:
-        raise ConfigError("profile.start_step, profile.steps and profile.top must be >= 1")
-    if pr.start_step + pr.steps - 1 > steps:
-        raise ConfigError(f"profile.start_step={pr.start_step} + profile.steps={pr.steps} runs past the last step "
-                          f"({steps}); lower profile.start_step or raise steps")
-
-
-def check_comm(p, world_size: int) -> None:
-    """What the hand-written collectives need: sane segments and timeouts, nodes that divide the ranks."""
-    if p.segment_kb is not None and p.segment_kb < 1:
-        raise ConfigError(f"parallel.segment_kb={p.segment_kb}: the ring's segments need at least 1 KiB")
-    if p.timeout_s <= 0:
-        raise ConfigError(f"parallel.timeout_s={p.timeout_s}: must be > 0 seconds")
-    if p.nodes is not None and (p.nodes < 1 or world_size % p.nodes):
-        raise ConfigError(f"parallel.nodes={p.nodes} does not divide the {world_size} workers into equal nodes; "
-                          f"use a divisor of {world_size}")
-
-
-def unknown_keys(node, schema, prefix: str = ""):
-    """Keys that `+key=value` forced into the config although the schema has no such field."""
-    fields = {f.name: f.type for f in dataclasses.fields(schema)}
-    for key in node:
-        if key not in fields:
-            yield f"{prefix}{key}"
-        elif dataclasses.is_dataclass(fields[key]):
-            yield from unknown_keys(node[key], fields[key], f"{prefix}{key}.")
-
-
-def check_amp(mode: str, device: str) -> None:
-    import torch
-
-    if mode == "off":
-        return
-    dtype = torch.float16 if mode == "fp16" else torch.bfloat16
-    if device == "cuda":
-        if mode == "bf16" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("amp=bf16 but this GPU has no bfloat16 support; use amp=fp16 or amp=off")
-        return
-    try:  # CPU autocast for this dtype needs a torch build that supports it
-        with torch.autocast("cpu", dtype=dtype):
-            torch.ones(2, 2) @ torch.ones(2, 2)
-        if mode == "fp16":
-            torch.amp.GradScaler("cpu")
-    except (RuntimeError, AssertionError) as e:
-        raise ConfigError(f"amp={mode} is not supported on {device} by this torch build ({e}); "
-                          "use amp=bf16 or amp=off") from None

@@ -1,10 +1,25 @@
-"""How workers start: PyTorch's elastic launch on this machine, or in place when an external torchrun
-(or a Slurm task) already made this process one rank of the job."""
+"""How workers start and how their failure is told: PyTorch's elastic launch on this machine, or in place when an
+external torchrun (or a Slurm task) already made this process one rank of the job; `run_worker` is every rank's
+entry point."""
 
+import logging
 import os
 import tempfile
+import time
 import uuid
 from pathlib import Path
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from ringexp import dist as rdist
+from ringexp.config import Device
+from ringexp.errors import one_line, peer_lost
+from ringexp.trainer import Trainer
+
+log = logging.getLogger("ringexp")
 
 
 def under_external_launcher() -> bool:
@@ -23,17 +38,11 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
 
     When a worker dies the agent stops the others (SIGTERM, then SIGKILL) and either restarts them all (up to
     `max_restarts` times; they resume from the last checkpoint) or raises ChildFailedError naming the rank."""
-    import logging
-
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     # The agent logs a dead worker's traceback and every signal it sends; ringexp reports the failure in one
-    # line instead (ringexp.launch.worker_failure), and the workers' own logs stay in the run directory.
+    # line instead (worker_failure), and the workers' own logs stay in the run directory.
     if not os.environ.get("HYDRA_FULL_ERROR"):
         for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-
     if max_restarts:
         # Workers otherwise share the agent's rendezvous store across restarts, where the dead round's keys
         # (gloo's peer addresses) are still found: the restarted ranks then connect to dead ports. Without
@@ -49,12 +58,10 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
     return elastic_launch(config, fn)(*args)
 
 
-def launch(cfg: dict, run_dir: Path, meta: dict):
-    """Run the job; returns rank 0's summary."""
-    from ringexp.loop import run_worker
-
+def launch(cfg, run_dir: Path, meta: dict):
+    """Run the job for `cfg` (a checked TrainConfig); returns rank 0's summary."""
     if slurm_task():
-        from submitit.helpers import TorchDistributedEnvironment
+        from submitit.helpers import TorchDistributedEnvironment  # only inside a Slurm task (an optional extra)
 
         # One rank per Slurm task: rank, world size and master address from the job's environment (on any
         # number of nodes). CUDA_VISIBLE_DEVICES stays as Slurm set it: ringexp picks the GPU by LOCAL_RANK.
@@ -65,35 +72,49 @@ def launch(cfg: dict, run_dir: Path, meta: dict):
     # CPU workers are forked from this process, which has imported torch already: about 8 s less start-up per
     # run on 2 cores than spawning fresh interpreters. CUDA cannot survive a fork once this process has touched
     # it (validation asks the GPU what it supports), so GPU workers are spawned.
-    cpu = cfg["launcher"]["device"] == "cpu"
-    return elastic(forked_worker if cpu else run_worker, cfg["launcher"]["nproc_per_node"], cfg, str(run_dir), meta,
-                   log_dir=run_dir / "workers", max_restarts=cfg["launcher"]["max_restarts"],
+    cpu = cfg.launcher.device == Device.cpu
+    return elastic(forked_worker if cpu else run_worker, cfg.launcher.nproc_per_node, cfg, str(run_dir), meta,
+                   log_dir=run_dir / "workers", max_restarts=cfg.launcher.max_restarts,
                    start_method="fork" if cpu else "spawn")[0]
 
 
-def forked_worker(cfg: dict, run_dir: str, meta: dict):
+def forked_worker(cfg, run_dir: str, meta: dict):
     """A worker forked from the Hydra process: it drops the logging handlers it inherited (Hydra's console and
     train.log), so that, as a spawned worker, it logs to its own rank<N>.log only."""
-    import logging
-
-    from ringexp.loop import run_worker
-
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     return run_worker(cfg, run_dir, meta)
 
 
-# what a worker's error says when the cause is another worker that died or hung
-PEER_LOST = ("peer", "connection closed", "Broken pipe", "timed out")
+def run_worker(cfg, run_dir, meta):
+    """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary."""
+    env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker, cfg.parallel.timeout_s)
+    try:
+        # Ranks started by an external torchrun each composed the config; rank 0 alone made the run dir.
+        shared = [run_dir, meta]
+        if env.world_size > 1:
+            dist.broadcast_object_list(shared, src=0)
+        run_dir, meta = Path(shared[0]), shared[1]
+        handler = logging.FileHandler(run_dir / f"rank{env.rank}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        return Trainer(cfg, env, run_dir, meta).train()
+    except Exception as e:
+        if peer_lost(str(e)):
+            # A consequence: a peer died. Linger a moment, so that the launcher, which reports the first worker
+            # it sees fail, sees the dead peer (the cause) before this one.
+            time.sleep(2)
+        raise
+    finally:
+        rdist.cleanup()
 
 
 def worker_failure(e) -> tuple:
     """(one line, exit code) for a failed job: the rank that failed first and why; exit code 2 for ringexp's own
     configuration or data errors. When one worker dies the others soon fail too (their peer is gone), so the
     root cause is sought first among ranks killed by a signal, then among errors not about a lost peer."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     if not isinstance(e, ChildFailedError):
         return one_line(str(e)) or repr(e), 1
 
@@ -105,20 +126,11 @@ def worker_failure(e) -> tuple:
 
     def rank_key(item):
         rank, f = item
-        return (f.exitcode >= 0, any(p in text(f) for p in PEER_LOST), f.timestamp, rank)
+        return (f.exitcode >= 0, peer_lost(text(f)), f.timestamp, rank)
 
     rank, failure = min(e.failures.items(), key=rank_key)
     line = text(failure)
-    code = 2 if line.startswith(("DataError", "ConfigError", "ringexp.config.")) else 1
-    for prefix in ("ringexp.config.DataError: ", "ringexp.config.ConfigError: ", "DataError: ", "ConfigError: "):
+    code = 2 if line.startswith(("DataError", "ConfigError", "ringexp.errors.")) else 1
+    for prefix in ("ringexp.errors.DataError: ", "ringexp.errors.ConfigError: ", "DataError: ", "ConfigError: "):
         line = line.removeprefix(prefix)
     return f"worker rank {rank} failed: {line}", code
-
-
-def one_line(message: str) -> str:
-    """An exception's message in one line: its first line, or for an exception a DataLoader worker re-raised
-    (whose message carries the original traceback) the last line, which holds the original error."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if not lines:
-        return ""
-    return lines[-1] if "Original Traceback" in message else lines[0]

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from ringexp.config import ConfigError
+from ringexp.errors import ConfigError
 
 
 def small_cnn(num_labels: int, width: int = 32, drop_rate: float = 0.0, in_chans: int = 3) -> nn.Module:

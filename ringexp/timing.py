@@ -123,8 +123,9 @@ def breakdown(step_s: float, data_s: float, fwd_bwd_s: float, optimizer_s: float
     return parts
 
 
-def verdict(t: dict, strategy: str, amp: str = "off") -> str:
-    """One line in the spirit of the seed articles' checklist, from the step's median parts `t`."""
+def verdict(t: dict, tips: str) -> str:
+    """One line in the spirit of the seed articles' checklist, from the step's median parts `t`; `tips` is what the
+    strategy suggests trying when communication is exposed (ringexp.parallel's `Strategy.tips`)."""
     step = t.get("step_s")
     if not step:
         return "no steady steps measured"
@@ -137,9 +138,6 @@ def verdict(t: dict, strategy: str, amp: str = "off") -> str:
         if overlap is None:
             line += ", overlap not measured on this device (use profile.enabled=true)"
         elif overlap < 0.6 and (t.get("exposed_comm_s") or 0) >= 0.05 * step:
-            tips = ("parallel.reshard_after_forward=false, parallel.forward_prefetch, "
-                    + ("amp=bf16 or " if amp == "off" else "") + "accumulation" if strategy == "fsdp"
-                    else "parallel.bucket_cap_mb, +parallel=ring, compression or accumulation")
             line += f", overlap {overlap:.0%} (< 60%): try {tips}"
         elif overlap < 0.6:
             line += f", overlap {overlap:.0%}, but what is exposed is under 5% of the step: little to gain"

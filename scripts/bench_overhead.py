@@ -4,11 +4,12 @@ In one elastic job of `launcher.nproc_per_node` workers, alternately (ABBA order
 machine does not favour either side), the same processes run (a) ringexp's worker loop exactly as
 `python -m ringexp.train` runs it (records every step, W&B offline, evaluation) and (b) a minimal DDP loop
 written the way a user would (DistributedSampler, DataLoader, DDP, AdamW, nothing else) on the same model,
-data, batch size and threads. Both time each step end to end (from the end of one step to the end of the
-next, data loading included); the medians over steady steps are compared. Sharing processes removes the
-noise of process placement, which on a shared 2-core machine is larger than the difference measured.
+data, batch size and threads. Both are timed the same way: each step end to end (from the end of one step to
+the end of the next, data loading included), averaged over the intervals of `logger.log_every` steps between
+ringexp's rows, the median over the steady intervals (after the warm-up steps) compared. Sharing processes
+removes the noise of process placement, which on a shared 2-core machine is larger than the difference measured.
 
-    python scripts/bench_overhead.py [--steps 60] [--rounds 10] [override ...]
+    python scripts/bench_overhead.py [--steps 100] [--rounds 10] [override ...]
 
 With `--vs "OVERRIDES"` the baseline is ringexp itself and the candidate ringexp with those overrides
 added, e.g. `--vs "+parallel=ring"`: the hand-written ring's hook against DDP's builtin all-reduce.
@@ -24,16 +25,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ringexp import dist as rdist
 from ringexp.data import build_datasets
 from ringexp.launch import elastic
-from ringexp.loop import train
 from ringexp.models import build_model
-from ringexp.train import compose_config
+from ringexp.trainer import Trainer
+from ringexp.validate import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,9 +63,16 @@ def plain_ddp_loop(cfg, steps: int) -> list:
     return times
 
 
-def bench_worker(base: dict, cand: dict, rounds: int, warmup: int, out: str):
-    """base: a config, or None for the plain loop (then with cand's model and data); cand: a config."""
-    cfgs = {"base": OmegaConf.create(base) if base else None, "cand": OmegaConf.create(cand)}
+def interval_median(times: list, every: int, warmup: int) -> float:
+    """The median over intervals of `every` steps (the last may be shorter) that start after `warmup` steps of
+    each interval's mean step time: the statistic ringexp's summary reports."""
+    means = [statistics.mean(times[a:a + every]) for a in range(0, len(times), every) if a >= warmup]
+    return statistics.median(means)
+
+
+def bench_worker(base, cand, rounds: int, warmup: int, out: str):
+    """base: a TrainConfig, or None for the plain loop (then with cand's model and data); cand: a TrainConfig."""
+    cfgs = {"base": base, "cand": cand}
     c = cfgs["cand"]
     env = rdist.init(c.launcher.device, c.launcher.threads_per_worker)  # the same threads for both
     results = []
@@ -75,13 +82,13 @@ def bench_worker(base: dict, cand: dict, rounds: int, warmup: int, out: str):
             dist.barrier()
             cfg = cfgs[side]
             if cfg is None:
-                pair[side] = statistics.median(plain_ddp_loop(c, c.steps)[warmup:])
+                pair[side] = interval_median(plain_ddp_loop(c, c.steps), c.logger.log_every, warmup)
                 continue
             run_dir = Path(out) / f"round{r}-{side}"
             run_dir.mkdir(exist_ok=True)
-            meta = {"name": f"bench_{side}_round{r}", "group": "bench_overhead", "job_type": cfg.parallel.strategy,
-                    "choices": {}, "overrides": []}
-            summary = train(cfg, env, run_dir, meta)
+            meta = {"name": f"bench_{side}_round{r}", "group": "bench_overhead",
+                    "job_type": str(cfg.parallel.strategy), "choices": {}, "overrides": []}
+            summary = Trainer(cfg, env, run_dir, meta).train()
             pair[side] = summary["step_time_s"]["median"] if summary else None
         results.append(pair)
     rdist.cleanup()
@@ -90,19 +97,19 @@ def bench_worker(base: dict, cand: dict, rounds: int, warmup: int, out: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of each median")
     ap.add_argument("--vs", default=None, help="compare ringexp with these overrides added, not the plain loop")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to both (e.g. model.width=32)")
     args = ap.parse_args()
     common = [f"steps={args.steps}", f"throughput_warmup={args.warmup}", *args.overrides]
-    base = OmegaConf.to_container(compose_config(common))
-    cand = OmegaConf.to_container(compose_config(common + shlex.split(args.vs))) if args.vs else base
+    base = compose_config(common)
+    cand = compose_config(common + shlex.split(args.vs)) if args.vs else base
     names = ("ringexp", f"ringexp {args.vs}") if args.vs else ("plain DDP", "ringexp")
-    nproc = cand["launcher"]["nproc_per_node"]
-    print(f"model={cand['model']['name']} batch={cand['data']['batch_size']}/rank workers={nproc} "
-          f"steps={args.steps} rounds={args.rounds} (median step time after {args.warmup} steps)")
+    nproc = cand.launcher.nproc_per_node
+    print(f"model={cand.model.name} batch={cand.data.batch_size}/rank workers={nproc} steps={args.steps} "
+          f"rounds={args.rounds} (median over {cand.logger.log_every}-step intervals after {args.warmup} steps)")
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         results = elastic(bench_worker, nproc, base if args.vs else None, cand, args.rounds, args.warmup, tmp,
                           log_dir=Path(tmp) / "logs")[0]

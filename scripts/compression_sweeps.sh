@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sweeps behind the README's compression tables (about 50 runs of the default experiment; ~1 h on 2 cores).
+# The sweeps behind docs/results/compression-quality.md (about 50 runs of the default experiment; ~1 h on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -15,7 +15,6 @@ run compression-table +parallel=ddp compression=topk compression.ratio=0.01 comp
 run compression-table +parallel=ddp compression=topk compression.ratio=0.01 optim=sgd \
   compression.momentum_correction=true compression.warmup_steps=0,50
 run compression-seeds +parallel=ring compression=none,fp16,bf16,int8 seed=0,1,2
-run compression-seeds +parallel=ring compression=int8 compression.error_feedback=true seed=0,1,2
 run compression-seeds +parallel=ring compression=none,bf16 seed=3,4,5,6
 run powersgd +parallel=ddp_powersgd compression.start_step=50 compression.rank=4,8
 run powersgd +parallel=ddp_powersgd compression.start_step=2 optim=sgd

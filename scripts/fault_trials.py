@@ -10,36 +10,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import test_resume as tr  # noqa: E402
+import conftest as ct  # noqa: E402
 import test_survive as ts  # noqa: E402
-from conftest import make_image_folder, run_cli  # noqa: E402
-
-
-def references():
-    cache = {}
-
-    def get(preset):
-        if preset not in cache:
-            run_dir = Path(tempfile.mkdtemp(prefix="ref-")) / "run"
-            r = run_cli(run_dir, *tr.RUN, *tr.overrides(preset))
-            assert r.returncode == 0, r.stderr[-2000:]
-            cache[preset] = tr.losses(run_dir)
-        return cache[preset]
-
-    return get
 
 
 def main():
     trials = int(next((a for a in sys.argv[1:] if a.isdigit()), 3))
-    refs = references()
+    refs = ct.reference_losses(lambda: Path(tempfile.mkdtemp(prefix="ref-")))
     faults = {f"SIGKILL {kill} of {preset}" + (", then resume=auto" if resume else ""):
-              (lambda p=preset, k=kill, r=resume: tr.kill_and_resume(Path(tempfile.mkdtemp()) / "run", p, k, r, refs))
-              for preset, kill, resume in tr.CASES}
+              (lambda p=preset, k=kill, r=resume: ct.kill_and_resume(Path(tempfile.mkdtemp()) / "run", p, k, r, refs))
+              for preset, kill, resume in ct.KILL_CASES}
     faults |= {
         "SIGKILL rank 1 under launcher.max_restarts=1": lambda: ts.test_max_restarts_restarts_the_workers_and_finishes_from_the_checkpoint(Path(tempfile.mkdtemp())),  # noqa: E501
         "NaN loss": lambda: ts.test_nan_loss_stops_the_run_naming_step_and_rank(Path(tempfile.mkdtemp())),
         "NaN/inf under fp16 GradScaler": lambda: ts.test_fp16_grad_scaler_skips_non_finite_steps_and_counts_them(Path(tempfile.mkdtemp())),  # noqa: E501
-        "corrupt images (stop / skip_bad)": lambda: ts.test_corrupt_image_is_named_or_skipped_and_counted(Path(tempfile.mkdtemp()), make_image_folder(Path(tempfile.mkdtemp()) / "images")),  # noqa: E501
+        "corrupt images (stop / skip_bad)": lambda: ts.test_corrupt_image_is_named_or_skipped_and_counted(Path(tempfile.mkdtemp()), ct.make_image_folder(Path(tempfile.mkdtemp()) / "images")),  # noqa: E501
         "W&B online unreachable + bad key": lambda: ts.test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_key(Path(tempfile.mkdtemp())),  # noqa: E501
         "incompatible checkpoint": lambda: ts.test_incompatible_checkpoint_is_one_line_naming_the_mismatch(Path(tempfile.mkdtemp())),  # noqa: E501
     }
@@ -55,7 +40,7 @@ def main():
 
         import test_slurm
 
-        subprocess.run([str(tr.ROOT / "scripts/slurm_local.sh"), "up"], check=True, capture_output=True)
+        subprocess.run([str(ct.ROOT / "scripts/slurm_local.sh"), "up"], check=True, capture_output=True)
         env = {**__import__("os").environ, "SLURM_CONF": "/tmp/ringexp-slurm/slurm.conf"}
         faults["Slurm pre-emption (USR2), requeue"] = lambda: test_slurm.test_a_preempted_slurm_job_requeues_and_resumes_from_its_checkpoint(Path(tempfile.mkdtemp()), env)  # noqa: E501
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Set up .venv if needed, lint, then run the whole test suite. Extra arguments go to pytest.
+# Set up .venv if needed, lint (ruff; lint-imports: the layers of docs/architecture.md), then run the test suite.
+# Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow" for the fast tier.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"
 ruff check .
+lint-imports --no-cache --no-logo
 set +e
 python -m pytest "$@"
 rc=$?

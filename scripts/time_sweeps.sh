@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The sweeps behind the README's step-time and memory tables (about 20 short runs; ~10 min on 2 cores).
-# Print them with: python scripts/summaries_table.py --time outputs/multirun/time-table (or .../memory)
+# The sweeps behind docs/results/time-split.md and fsdp-memory.md (about 20 short runs; ~10 min on 2 cores).
+# Tabulate them with: python -m ringexp.compare outputs/multirun/time-table/* (or outputs/multirun/memory/*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .venv/bin/activate

@@ -1,17 +1,34 @@
-"""Shared helpers: run the real CLI in a subprocess, shrunk to a few CPU steps."""
+"""Helpers every test module shares (test modules never import each other): the real CLI in a subprocess, shrunk
+to a few CPU steps; strategies built from the real composed config; killing and resuming runs; reading an
+offline W&B run's records."""
 
+import dataclasses
 import json
 import os
+import re
+import signal
+import struct
 import subprocess
 import sys
+import time
+from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
+
+from ringexp import records
+from ringexp.metrics import state_bytes
+from ringexp.trainer import forward_backward
+from ringexp.validate import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # A few seconds of training: tiny model and data, still 2 real gloo workers.
+# A row every step (logger.log_every=1), so that tests can follow the run step by step.
 TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024", "data.val_size=101",
-        "data.batch_size=16", "model.width=8", "optim.warmup_steps=2"]
+        "data.batch_size=16", "model.width=8", "optim.warmup_steps=2", "logger.log_every=1"]
 
 
 def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeout: int = 300, env=None,
@@ -23,12 +40,16 @@ def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeo
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
 
 
-def read_summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+read_summary = records.read_summary
+read_rows = records.read_rows  # the one reader of metrics.jsonl
 
 
-def read_rows(run_dir: Path) -> list:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def error_line(stderr: str) -> str:
+    """ringexp's one error line; fails if there is not exactly one, or a traceback."""
+    lines = [x for x in stderr.splitlines() if x.startswith("ringexp: error:")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[0]
 
 
 @pytest.fixture
@@ -43,9 +64,6 @@ def image_folder(tmp_path):
 
 def make_image_folder(root: Path) -> Path:
     """A small real image folder with a labels CSV: 3 labels, 24 PNG images."""
-    import numpy as np
-    from PIL import Image
-
     root.mkdir(parents=True)
     rng = np.random.default_rng(0)
     lines = ["path,cat,dog,bird"]
@@ -54,3 +72,213 @@ def make_image_folder(root: Path) -> Path:
         lines.append(f"img{i}.png," + ",".join(str(int(v)) for v in rng.integers(0, 2, 3)))
     (root / "labels.csv").write_text("\n".join(lines) + "\n")
     return root
+
+
+# --- strategies on real process groups ---------------------------------------------------------------------
+
+def strategy_cfg(strategy: str, world: int, **parallel_overrides):
+    """The real composed config of `+parallel=strategy` for `world` workers, with parallel.* overridden."""
+    cfg = compose_config([f"+parallel={strategy}", f"launcher.nproc_per_node={world}"])
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **parallel_overrides))
+
+
+def train_steps(model, opt, rank: int, k: int, steps: int, no_sync=None):
+    """`steps` optimizer steps of k micro-batches of random data (per-rank, same for every strategy): the
+    losses and the whole gradients (FSDP's shards gathered) of every step, and the bytes of parameters,
+    gradients and optimizer state the rank held after the first."""
+    losses, grads, state = [], [], None
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        micro = iter([(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 2, (4, 5), generator=g).float())
+                      for _ in range(k)])
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        losses.append(float(forward_backward(model, micro, k, nullcontext, scaler, no_sync)))
+        grads.append(torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).flatten()
+                                for p in model.parameters()]))
+        opt.step()
+        state = state or state_bytes(model, opt)
+        opt.zero_grad()
+    return losses, grads, state["state_bytes"]
+
+
+# --- runs that are killed and resumed ----------------------------------------------------------------------
+
+# 30 steps, a checkpoint every 5: the kill lands after step 8 and the resumption continues from step 5.
+RUN = [o for o in TINY if not o.startswith(("steps", "eval_every"))] + [
+    "steps=30", "eval_every=10", "checkpoint.every_steps=5", "logger=none"]
+KILL_AFTER = 8
+EXIT_WITHIN_S = 60
+# (preset, what is killed, resume afterwards): exactness for ddp, ring, ring_fp16 and top-k with error feedback,
+# and FSDP's distributed checkpoint; a dying rank for ddp, ring, hierarchical and fsdp.
+KILL_CASES = [("ddp", "rank1", True), ("ring+wandb", "rank0", True), ("ring_fp16", "job", True),
+              ("ddp_topk", "rank1", True), ("hierarchical", "rank1", False), ("fsdp", "rank1", True)]
+
+
+def start(run_dir, *overrides):
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    cmd = [sys.executable, "-m", "ringexp.train", *overrides, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def descendants(pid: int) -> set:
+    """pid and every process below it, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo += children.get(p, [])
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def worker_pid(run_dir, rank: int) -> int:
+    return int(re.search(r"\(pid (\d+)\)", (run_dir / f"rank{rank}.log").read_text()).group(1))
+
+
+def wait_for_step(proc, run_dir, step: int, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        rows = read_rows(run_dir)
+        if rows and rows[-1]["step"] >= step:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def preset_overrides(preset: str) -> list:
+    """`ring+wandb`: the ring preset with the offline W&B run on (whose id the resumed run must continue)."""
+    name, _, extra = preset.partition("+")
+    return [f"+parallel={name}"] + (["logger=wandb"] if extra == "wandb" else [])
+
+
+def losses(run_dir) -> dict:
+    return {r["step"]: r["train/loss"] for r in read_rows(run_dir)}
+
+
+def reference_losses(run_root):
+    """get(preset): the losses of an uninterrupted run of RUN with that preset, computed once (in `run_root()`)."""
+    cache = {}
+
+    def get(preset):
+        if preset not in cache:
+            run_dir = run_root() / preset.replace("+", "_")
+            r = run_cli(run_dir, *RUN, *preset_overrides(preset))
+            assert r.returncode == 0, r.stderr[-3000:]
+            cache[preset] = losses(run_dir)
+        return cache[preset]
+
+    return get
+
+
+def kill_and_resume(run_dir, preset: str, kill: str, resume: bool, references) -> float:
+    """Kill a run after step KILL_AFTER (one worker, or the whole job), check how it went down, resume it and
+    compare every loss with the uninterrupted reference; returns the seconds from the kill to the job's exit."""
+    proc = start(run_dir, *RUN, *preset_overrides(preset))
+    wait_for_step(proc, run_dir, KILL_AFTER)
+    tree = descendants(proc.pid)
+    killed_at = time.monotonic()
+    if kill == "job":  # the whole job at once, as a preempted or lost node would
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        os.kill(worker_pid(run_dir, int(kill[-1])), signal.SIGKILL)
+    _, err = proc.communicate(timeout=EXIT_WITHIN_S + 30)
+    took = time.monotonic() - killed_at
+    assert proc.returncode != 0
+    assert took < EXIT_WITHIN_S, took
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in tree if alive(p)], "processes left behind"
+    if kill != "job":
+        line = next(x for x in err.splitlines() if x.startswith("ringexp: error:"))
+        assert f"worker rank {kill[-1]} failed" in line and "SIGKILL" in line and "Traceback" not in err, err
+        assert read_summary(run_dir)["status"] == "failed"
+    steps_before = sorted(losses(run_dir))
+    assert steps_before[-1] >= KILL_AFTER
+    assert (run_dir / "checkpoints" / "step-00000005" / "meta.json").is_file()
+    if not resume:
+        return took
+
+    r = run_cli(run_dir, *RUN, *preset_overrides(preset), "resume=auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(run_dir)
+    assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5
+    rows = read_rows(run_dir)
+    assert [row["step"] for row in rows] == list(range(1, 31)), "every step exactly once"
+    ref, got = references(preset), losses(run_dir)
+    # Bit-identical: same weights, optimizer, schedule, residuals, RNG and data position as the reference.
+    assert got == ref, [(k, got[k], ref[k]) for k in ref if got[k] != ref[k]][:5]
+    assert s["final"]["auroc_macro"] is not None
+    if preset.endswith("+wandb"):  # the resumed run continued the same W&B run: same id, a second segment
+        runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+        wandb_id = json.loads((run_dir / "checkpoints" / "step-00000030" / "meta.json").read_text())["wandb_id"]
+        assert len(runs) == 2 and all(r.name.endswith(f"-{wandb_id}") for r in runs), runs
+    return took
+
+
+# --- an offline W&B run's transaction log, read without W&B's service ----------------------------------------
+# The file is a 7-byte header (':W&B', magic 0xBEE1, version) followed by a LevelDB-style log: 32 KiB blocks of
+# records, each a 7-byte header (crc32c, little-endian length, type) and data; records too big for a block are
+# split FIRST/MIDDLE/LAST. Each full record is a protobuf `Record` from wandb.proto.
+
+BLOCK, HEADER = 32768, 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def wandb_records(path: Path):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    pos, pending = 7, b""
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        chunk = data[pos + HEADER:pos + HEADER + length]
+        pos += HEADER + length
+        if kind == 0 and length == 0:
+            continue
+        if kind in (FIRST, MIDDLE):
+            pending = chunk if kind == FIRST else pending + chunk
+            continue
+        pending = chunk if kind == FULL else pending + chunk
+        rec = pb.Record()
+        rec.ParseFromString(pending)
+        yield rec
+
+
+def history_and_summary(path: Path):
+    """([{key: value} per logged row], {summary key: value}, run record) from the transaction log."""
+    rows, summary, run = [], {}, None
+    for rec in wandb_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in rec.history.item})
+        elif kind == "summary":
+            for item in rec.summary.update:
+                summary[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
+        elif kind == "run":
+            run = rec.run
+    return rows, summary, run

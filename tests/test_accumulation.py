@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringexp import dist as rdist
 from ringexp.launch import elastic
-from ringexp.loop import forward_backward
+from ringexp.trainer import forward_backward
 
 
 def counting_allreduce(state, bucket):

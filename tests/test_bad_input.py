@@ -4,6 +4,8 @@ import pytest
 import torch
 from conftest import read_summary, run_cli
 
+pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
+
 
 def bad_csv(folder, text):
     (folder / "labels.csv").write_text(text)
@@ -20,6 +22,11 @@ CASES = {
                                     "parallel.nodes=3 does not divide the 2 workers"),
     "segment < 1": (lambda f: ["+parallel=ring", "parallel.segment_kb=0"], "parallel.segment_kb=0"),
     "ratio 0": (lambda f: ["+parallel=ddp_topk", "compression.ratio=0"], "compression.ratio=0"),
+    "ratio 0 with compression off": (lambda f: ["compression=none", "compression.ratio=0"], "compression.ratio=0"),
+    "error feedback inside the ring": (lambda f: ["+parallel=ring_int8", "compression.error_feedback=true"],
+                                       "compression.error_feedback=true with int8 on +parallel=ring"),
+    "error feedback on a cast": (lambda f: ["+parallel=ddp_fp16", "compression.error_feedback=true"],
+                                 "compression.error_feedback=true with fp16 on +parallel=ddp"),
     "ratio > 1": (lambda f: ["+parallel=ddp_topk", "compression.ratio=1.5"], "compression.ratio=1.5"),
     "rank < 1": (lambda f: ["+parallel=ddp_powersgd", "compression.rank=0"], "compression.rank=0"),
     "powersgd on the ring": (lambda f: ["+parallel=ring", "compression=powersgd"], "cannot carry"),

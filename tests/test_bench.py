@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
-from wandb_records import history_and_summary
+from conftest import ROOT, history_and_summary
 
 
+@pytest.mark.slow
 def test_bench_table_checks_every_algorithm_against_builtin(tmp_path):
     run_dir = tmp_path / "bench"
     r = subprocess.run([sys.executable, "-m", "ringexp.bench", "sizes=[1000,65536]", "nprocs=[2,3]", "nodes=1",

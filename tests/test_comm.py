@@ -59,7 +59,8 @@ def check_worker(cases):
     return failures
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2, 3,
+                                   pytest.param(4, marks=pytest.mark.slow)])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cases=st.lists(case, min_size=4, max_size=8))
 def test_every_algorithm_matches_builtin(world, cases):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, TINY
 
 from ringexp.compare import load_local, report, unflatten
@@ -13,6 +14,7 @@ from ringexp.compare import load_local, report, unflatten
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_a_local_sweep_ends_with_a_compare_report_listing_the_failed_job(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "logger=none", "+parallel=ddp,fsdp",
@@ -55,3 +57,20 @@ def test_compare_cli_rejects_bad_paths_with_one_line(tmp_path):
 def test_unflatten_restores_wandb_summaries():
     assert unflatten({"throughput.median": 5.0, "final.auroc_macro": 0.9, "status": "completed"}) == {
         "throughput": {"median": 5.0}, "final": {"auroc_macro": 0.9}, "status": "completed"}
+
+
+@pytest.mark.slow
+def test_compare_reports_a_run_whose_last_row_was_cut_short(tmp_path):
+    """A run killed while writing leaves half a line at the end of metrics.jsonl: the report still comes."""
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "ringexp.train", *TINY, "steps=4", "logger=none",
+                        f"hydra.run.dir={run}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(text[:-40])  # the last row cut in the middle
+    r = subprocess.run([sys.executable, "-m", "ringexp.compare", str(run)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "(all the same)" in r.stdout and (run / "compare.md").is_file()
+    runs = load_local([run])
+    assert [row["step"] for row in runs[0]["rows"]] == [1, 2, 3]

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from ringexp import compress
 from ringexp import dist as rdist
@@ -19,7 +18,7 @@ SIZES = [0, 1, 7, 4097, 10007]  # empty, one element, a prime, not a multiple of
 
 
 def cfg(name, **kw):
-    return OmegaConf.structured(CompressionConfig(name=name, **kw))
+    return CompressionConfig(name=name, **kw)
 
 
 def roundtrip(x, c, step=0):

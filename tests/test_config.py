@@ -1,4 +1,5 @@
-"""Every option of every config group composes against the typed schema and passes validation."""
+"""Every option of every config group composes against the typed schema and passes validation; the schema holds
+every default, and workers get it typed."""
 
 from pathlib import Path
 
@@ -6,8 +7,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ringexp.config import ConfigError, validate
-from ringexp.train import CONF_DIR, plain
+from ringexp.config import CONF_DIR, StrategyName, TrainConfig, plain
+from ringexp.errors import ConfigError
+from ringexp.validate import checked as validate
+from ringexp.validate import compose_config
 
 GROUPS = ["model", "data", "compression", "accumulation", "amp", "optim", "logger"]
 
@@ -17,15 +20,16 @@ def options(group):
 
 
 def composed(overrides):
+    """Hydra's composed config (a DictConfig); `validate` makes it the checked TrainConfig."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return OmegaConf.create(plain(compose("train", overrides=overrides)))
+        return compose("train", overrides=overrides)
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes_and_validates(group, option, image_folder):
-    cfg = composed([f"{group}={option}"] + ([f"data.root={image_folder}"] if option == "image_folder" else []))
-    validate(cfg)
-    assert cfg[group] is not None
+    root = [f"data.root={image_folder}"] if option == "image_folder" else []
+    cfg = validate(composed([f"{group}={option}", *root]))
+    assert getattr(cfg, group) is not None
 
 
 @pytest.mark.parametrize("preset", options("parallel"))
@@ -86,7 +90,7 @@ def test_every_experiment_sweep_composes_job_by_job(experiment):
         jobs, refused = 0, []
         for values in itertools.product(*params.values()):
             overrides = [f"+experiment={experiment}", *(f"{k}={v}" for k, v in zip(params, values, strict=True))]
-            cfg = OmegaConf.create(plain(compose("train", overrides=overrides)))
+            cfg = compose("train", overrides=overrides)
             try:
                 validate(cfg)
                 jobs += 1
@@ -95,3 +99,42 @@ def test_every_experiment_sweep_composes_job_by_job(experiment):
     # the one combination ringexp refuses on purpose: PyTorch's PowerSGD hook runs on DDP's builtin path only
     assert all("powersgd" in str(o) and "+parallel=ring" in o for o, _ in refused), refused
     assert jobs == {"bucket_sweep": 6, "strategy_matrix": 24, "compression_matrix": 15}[experiment]
+
+
+IDENTITY = {"model": "name", "data": "name", "compression": "name", "accumulation": "steps", "amp": "mode",
+            "optim": "name", "logger": "mode", "parallel": "strategy"}
+
+
+def test_the_default_config_is_the_schemas_defaults():
+    """One source of defaults: train.yaml and its default options add nothing to the dataclasses' values."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = OmegaConf.to_object(compose("train"))
+    assert cfg == TrainConfig()
+
+
+@pytest.mark.parametrize("group", list(IDENTITY))
+def test_option_files_restate_no_default(group):
+    """An option file names its choice and sets only what differs from the schema's defaults (so a default is
+    changed in one place)."""
+    defaults = plain(TrainConfig())
+    for path in sorted((Path(CONF_DIR) / group).glob("*.yaml")):
+        node = OmegaConf.to_container(OmegaConf.load(path))
+        node = node.get(group, node) if "# @package _global_" in path.read_text() else node
+        restated = [k for k, v in node.items() if k not in ("defaults", IDENTITY[group]) and
+                    not isinstance(v, dict) and defaults[group].get(k) == v]
+        assert not restated, (path.name, restated)
+
+
+def test_workers_get_the_typed_config():
+    cfg = compose_config(["+parallel=ring_fp16", "launcher.nproc_per_node=2"])
+    assert isinstance(cfg, TrainConfig) and cfg.parallel.strategy is StrategyName.ring
+    assert cfg.compression.name == "fp16" and cfg.launcher.device in ("cpu", "cuda")
+    with pytest.raises(AttributeError):
+        cfg.parallel.no_such_key  # noqa: B018  (a dataclass, not a dict: a misspelt key is an error in code too)
+
+
+def test_a_range_is_checked_even_when_its_group_is_off():
+    with pytest.raises(ConfigError, match="compression.ratio=0"):
+        validate(composed(["compression=none", "compression.ratio=0"]))
+    with pytest.raises(ConfigError, match="data.val_fraction=2"):
+        validate(composed(["data.val_fraction=2"]))

@@ -2,11 +2,11 @@
 own switches, on real gloo process groups."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
-from conftest import read_rows, read_summary, run_cli
-from test_hooks import strategy_cfg, train_steps
+from conftest import read_rows, read_summary, run_cli, strategy_cfg, train_steps
 
 from ringexp import dist as rdist
 from ringexp import parallel
@@ -20,16 +20,17 @@ def parity_worker(k: int):
     for strategy in ("ddp", "fsdp"):
         cfg = strategy_cfg(strategy, env.world_size)
         torch.manual_seed(0)
-        model = parallel.apply(small_cnn(5, width=8), cfg, env)
+        strat = parallel.build(cfg, env)
+        model = strat.wrap(small_cnn(5, width=8))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        out[strategy] = train_steps(model, opt, env.rank, k, 4)
+        out[strategy] = train_steps(model, opt, env.rank, k, 4, partial(strat.no_sync, model))
     rdist.cleanup()
     (dl, dg, ds), (fl, fg, fs) = out["ddp"], out["fsdp"]
     return (max(abs(a - b) for a, b in zip(dl, fl, strict=True)),
             max(float((a - b).abs().max()) for a, b in zip(dg, fg, strict=True)), ds, fs)
 
 
-@pytest.mark.parametrize("world,k", [(2, 1), (2, 3), (4, 1)])
+@pytest.mark.parametrize("world,k", [(2, 1), (2, 3), pytest.param(4, 1, marks=pytest.mark.slow)])
 def test_fsdp_trains_like_ddp_with_a_1_over_n_share_of_the_state(world, k):
     results = elastic(parity_worker, world, k)
     for rank, (loss_diff, grad_diff, ddp_state, fsdp_state) in results.items():
@@ -38,6 +39,7 @@ def test_fsdp_trains_like_ddp_with_a_1_over_n_share_of_the_state(world, k):
         assert fsdp_state <= ddp_state / world + 4096, (rank, ddp_state, fsdp_state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,extra", [("fsdp_bf16", []), ("fsdp", ["amp=fp16", "compression=fp16"]),
                                           ("fsdp", ["accumulation=x2", "compression=bf16"])])
 def test_fsdp_presets_train_and_report_their_traffic(tmp_path, tiny, preset, extra):

@@ -15,8 +15,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp.config import ConfigError, TrainConfig
-from ringexp.train import CONF_DIR, check_argv, prepare
+from ringexp.config import CONF_DIR, TrainConfig
+from ringexp.errors import ConfigError
+from ringexp.train import check_argv, prepare
 
 N = 200
 GROUPS = {group: [p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")] + ["bogus"]

@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import ROOT, TINY, read_rows
 
+pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
+
 
 @pytest.fixture(scope="module")
 def slurm():

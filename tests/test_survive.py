@@ -3,19 +3,14 @@ disk while checkpointing, a checkpoint from another configuration, a worker dyin
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 
 import pytest
-from conftest import TINY, read_rows, read_summary, run_cli
-from test_resume import RUN, start, wait_for_step, worker_pid
+from conftest import RUN, TINY, error_line, read_rows, read_summary, run_cli, start, wait_for_step, worker_pid
 
-
-def error_line(stderr: str) -> str:
-    lines = [x for x in stderr.splitlines() if x.startswith("ringexp: error:")]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr, stderr
-    return lines[0]
+pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
 
 
 def test_nan_loss_stops_the_run_naming_step_and_rank(tmp_path):
@@ -25,6 +20,17 @@ def test_nan_loss_stops_the_run_naming_step_and_rank(tmp_path):
     assert "loss is nan at step" in line or "loss is inf at step" in line, line
     assert " on rank " in line
     assert read_summary(tmp_path / "run")["status"] == "failed"
+
+
+def test_a_non_finite_loss_between_logged_rows_is_named_at_the_next_row(tmp_path):
+    """The loss is checked on the device every step (no host sync) and read on logged steps: the run stops at the
+    first logged step after it, naming the step it happened."""
+    r = run_cli(tmp_path / "run", *TINY, "optim=sgd", "optim.lr=1e30", "logger=none", "logger.log_every=5")
+    assert r.returncode == 1
+    line = error_line(r.stderr)
+    step = int(re.search(r"loss is (?:nan|inf) at step (\d+) on rank \d \(checked at step 5\)", line).group(1))
+    assert 1 <= step < 5, line
+    assert read_rows(tmp_path / "run") == []  # stopped at step 5, its first row, before writing it
 
 
 def test_fp16_grad_scaler_skips_non_finite_steps_and_counts_them(tmp_path):

@@ -7,19 +7,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, read_rows, read_summary, run_cli
-from wandb_records import records
+from conftest import TINY, read_rows, read_summary, run_cli, wandb_records
 
 from ringexp import comm
-from ringexp.launch import elastic
-from ringexp.loop import run_worker
+from ringexp.config import AmpMode
+from ringexp.launch import elastic, run_worker
+from ringexp.parallel import STRATEGIES
 from ringexp.timing import union_length, verdict
-from ringexp.train import compose_config, plain
+from ringexp.validate import compose_config
 
 # Steps long enough (tens of ms) that logging is a small part of them; small buckets so that some
 # communication can overlap backward.
 STEADY = ["steps=24", "eval_every=24", "throughput_warmup=4", "data.train_size=4096", "data.val_size=128",
-          "logger=none", "parallel.bucket_cap_mb=0.05"]
+          "logger=none", "logger.log_every=1", "parallel.bucket_cap_mb=0.05"]
 
 
 def test_union_length_counts_overlapping_spans_once():
@@ -29,19 +29,21 @@ def test_union_length_counts_overlapping_spans_once():
 
 def test_verdict_is_computed_from_the_measured_parts():
     t = {"step_s": 0.2, "comm_s": 0.084, "exposed_comm_s": 0.0546, "overlap": 0.35, "data_s": 0.0}
-    assert verdict(t, "ddp") == ("communication is 42% of step time, overlap 35% (< 60%): try parallel.bucket_cap_mb, "
-                                 "+parallel=ring, compression or accumulation")
-    assert "reshard_after_forward=false" in verdict(t, "fsdp") and "amp=bf16" in verdict(t, "fsdp")
-    assert "amp=bf16" not in verdict(t, "fsdp", amp="bf16")
+    ddp, fsdp = STRATEGIES["ddp"].tips(AmpMode.off), STRATEGIES["fsdp"].tips(AmpMode.off)
+    assert verdict(t, ddp) == ("communication is 42% of step time, overlap 35% (< 60%): try parallel.bucket_cap_mb, "
+                               "+parallel=ring, compression or accumulation")
+    assert "reshard_after_forward=false" in verdict(t, fsdp) and "amp=bf16" in verdict(t, fsdp)
+    assert "amp=bf16" not in verdict(t, STRATEGIES["fsdp"].tips(AmpMode.bf16))
     hidden = t | {"exposed_comm_s": 0.0168, "overlap": 0.8}
-    assert verdict(hidden, "ddp") == ("communication is 42% of step time, overlap 80% (>= 60%): communication is "
+    assert verdict(hidden, ddp) == ("communication is 42% of step time, overlap 80% (>= 60%): communication is "
                                       "mostly hidden behind compute")
-    assert "little to gain" in verdict(t | {"comm_s": 0.008, "exposed_comm_s": 0.006, "overlap": 0.25}, "ddp")
-    assert verdict(t | {"data_s": 0.05}, "ddp").endswith("; data loading is 25% of step time: raise data.num_workers")
-    assert verdict({"step_s": 0.1, "comm_s": 0.0}, "single") == "no communication measured"
-    assert "not measured on this device" in verdict(t | {"overlap": None, "exposed_comm_s": None}, "fsdp")
+    assert "little to gain" in verdict(t | {"comm_s": 0.008, "exposed_comm_s": 0.006, "overlap": 0.25}, ddp)
+    assert verdict(t | {"data_s": 0.05}, ddp).endswith("; data loading is 25% of step time: raise data.num_workers")
+    assert verdict({"step_s": 0.1, "comm_s": 0.0}, ddp) == "no communication measured"
+    assert "not measured on this device" in verdict(t | {"overlap": None, "exposed_comm_s": None}, fsdp)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddp", "ring", "fsdp"])
 def test_step_time_breakdown_adds_up(tmp_path, preset):
     r = run_cli(tmp_path, *STEADY, f"+parallel={preset}")
@@ -74,13 +76,14 @@ def slowed_worker(cfg, run_dir, meta, delay_s: float):
 
 
 def run_in_harness(run_dir: Path, delay_s: float) -> dict:
-    cfg = plain(compose_config([*TINY, "+parallel=ring", "logger=none", "steps=16", "throughput_warmup=4"]))
+    cfg = compose_config([*TINY, "+parallel=ring", "logger=none", "steps=16", "throughput_warmup=4"])
     run_dir.mkdir()
     meta = {"name": f"delay={delay_s}", "group": "slowed", "job_type": "ring", "choices": {}, "overrides": []}
     elastic(slowed_worker, 2, cfg, str(run_dir), meta, delay_s)
     return read_summary(run_dir)["time"]
 
 
+@pytest.mark.slow
 def test_a_slowed_collective_shows_as_exposed_communication(tmp_path):
     normal = run_in_harness(tmp_path / "normal", 0.0)
     slowed = run_in_harness(tmp_path / "slowed", 0.04)
@@ -90,6 +93,7 @@ def test_a_slowed_collective_shows_as_exposed_communication(tmp_path):
     assert slowed["step_s"] > normal["step_s"] + 0.03
 
 
+@pytest.mark.slow
 def test_profiler_writes_a_trace_with_communication_events(tmp_path):
     r = run_cli(tmp_path, *TINY, "profile.enabled=true", "profile.start_step=3", "profile.steps=2", "profile.top=5")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -103,5 +107,5 @@ def test_profiler_writes_a_trace_with_communication_events(tmp_path):
     assert "profile of steps 3-4" in (tmp_path / "rank0.log").read_text()
     # attached to the W&B run as an artifact
     wandb_file = next(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-    kinds = [rec.WhichOneof("record_type") for rec in records(wandb_file)]
+    kinds = [rec.WhichOneof("record_type") for rec in wandb_records(wandb_file)]
     assert "artifact" in kinds

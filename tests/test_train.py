@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import read_rows, read_summary, run_cli
-from wandb_records import history_and_summary
+from conftest import history_and_summary, read_rows, read_summary, run_cli
 
 SUMMARY_FIELDS = {
     "status", "run_dir", "name", "group", "job_type", "strategy", "choices", "overrides", "world_size", "device",
@@ -72,6 +71,7 @@ def test_offline_wandb_run_holds_history_and_summary(default_run):
     assert run.run_group == "e2e" and run.job_type == "ddp" and run.display_name == s["name"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_amp_runs_finish_on_cpu(amp, tmp_path, tiny):
     r = run_cli(tmp_path / "run", *tiny, f"amp={amp}", "logger.mode=disabled")
@@ -80,6 +80,7 @@ def test_amp_runs_finish_on_cpu(amp, tmp_path, tiny):
     assert s["choices"]["amp"] == amp and math.isfinite(s["loss"]["last"])
 
 
+@pytest.mark.slow
 def test_single_process_baseline(tmp_path, tiny):
     r = run_cli(tmp_path / "run", *tiny, "+parallel=single", "accumulation=x2", "logger.mode=disabled")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -87,6 +88,7 @@ def test_single_process_baseline(tmp_path, tiny):
     assert s["world_size"] == 1 and s["wire_bytes_per_rank_per_step"] == 0 and s["global_batch_size"] == 32
 
 
+@pytest.mark.slow
 def test_timm_model_by_name_without_downloads(tmp_path, tiny):
     r = run_cli(tmp_path / "run", *tiny, "model=resnet18", "steps=2", "data.batch_size=4", "logger.mode=disabled",
                 env={"HF_HUB_OFFLINE": "1"})
@@ -94,6 +96,7 @@ def test_timm_model_by_name_without_downloads(tmp_path, tiny):
     assert read_summary(tmp_path / "run")["grad_bytes"] > 40_000_000  # resnet18: 11 M float32 parameters
 
 
+@pytest.mark.slow
 def test_image_folder_data(tmp_path, tiny, image_folder):
     r = run_cli(tmp_path / "run", *tiny, "data=image_folder", f"data.root={image_folder}", "data.num_workers=0",
                 "data.image_size=16", "data.batch_size=4", "steps=3", "logger.mode=disabled")
@@ -101,6 +104,7 @@ def test_image_folder_data(tmp_path, tiny, image_folder):
     assert read_summary(tmp_path / "run")["val_samples"] == 2  # 10% of 24 images held out
 
 
+@pytest.mark.slow
 def test_external_torchrun_agrees_on_one_run_directory(tmp_path, tiny):
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
               "-m", "ringexp.train"]
@@ -114,6 +118,7 @@ def test_external_torchrun_agrees_on_one_run_directory(tmp_path, tiny):
     assert sorted(p.name for p in runs[0].glob("rank*.log")) == ["rank0.log", "rank1.log"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ring", "hierarchical", "naive"])
 def test_every_hooked_strategy_trains_with_accumulation_and_amp(strategy, tmp_path, tiny):
     from ringexp import comm
@@ -126,6 +131,7 @@ def test_every_hooked_strategy_trains_with_accumulation_and_amp(strategy, tmp_pa
     assert s["wire_bytes_per_rank_per_step"] == comm.wire_bytes(strategy, s["grad_bytes"], 2, nodes=nodes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ring_fp16", "ring_int8", "ddp_fp16", "ddp_powersgd", "ddp_topk",
                                     "hierarchical_int8"])
 def test_every_compression_preset_trains_and_reports_its_bytes(preset, tmp_path, tiny):
@@ -140,3 +146,18 @@ def test_every_compression_preset_trains_and_reports_its_bytes(preset, tmp_path,
     assert expected[0] <= ratio <= expected[1], ratio
     rows = [r for r in read_rows(tmp_path / "run") if "comm/wire_bytes_per_rank" in r]
     assert rows and all(r["comm/compression_ratio"] == ratio for r in rows)
+
+
+@pytest.mark.slow
+def test_rows_every_log_every_steps_and_on_evaluation_steps(tmp_path, tiny):
+    """Between rows a step records nothing; a row's step time is the mean over the steps since the previous row,
+    and throughput is taken over those intervals (warm-up steps left out)."""
+    r = run_cli(tmp_path / "run", *tiny, "logger.log_every=5", "logger=none")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_rows(tmp_path / "run")
+    assert [row["step"] for row in rows] == [5, 6, 10, 12]  # every 5, evaluation at 6 and 12, the last step
+    assert all(row["train/step_time_s"] > 0 and "train/loss" in row for row in rows)
+    s = read_summary(tmp_path / "run")
+    # intervals 1-5, 6, 7-10, 11-12; throughput_warmup=2 leaves out the first
+    assert s["throughput"]["n"] == 3 and s["throughput"]["warmup_steps_excluded"] == 5
+    assert s["step_time_s"]["median"] in [row["train/step_time_s"] for row in rows[1:]]

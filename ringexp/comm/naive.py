@@ -8,7 +8,7 @@ sends the sum back encoded once (keeping the decoded value itself, so every rank
 import torch
 import torch.distributed as dist
 
-from ringexp.comm.p2p import finish, global_rank, wait, work_copy
+from ringexp.comm.p2p import finish, global_rank, irecv, isend, wait, work_copy
 
 
 def _recv_error(step: str, src: int, group) -> str:
@@ -33,17 +33,20 @@ def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
         add_into, copy_into = (lambda p: wire.add_into(p, flat)), (lambda p: wire.copy_into(p, flat))
     if r == 0:
         for src in range(1, n):
-            wait(dist.irecv(buf, group=group, group_src=src), timeout_s,
-                 _recv_error(f"step 1/2 (gather, {src}/{n - 1})", src, group))
+            what = _recv_error(f"step 1/2 (gather, {src}/{n - 1})", src, group)
+            wait(irecv(buf, group, src, what), timeout_s, what)
             add_into(buf)
         payload = encode()
         copy_into(payload)  # keep what the workers will decode
-        sends = [(dst, dist.isend(payload, group=group, group_dst=dst)) for dst in range(1, n)]
+        whats = {dst: _send_error(f"step 2/2 (send back, {dst}/{n - 1})", dst, group) for dst in range(1, n)}
+        sends = [(dst, isend(payload, group, dst, whats[dst])) for dst in range(1, n)]
         for dst, w in sends:
-            wait(w, timeout_s, _send_error(f"step 2/2 (send back, {dst}/{n - 1})", dst, group))
+            wait(w, timeout_s, whats[dst])
     else:
-        wait(dist.isend(encode(), group=group, group_dst=0), timeout_s, _send_error("step 1/2 (gather)", 0, group))
-        wait(dist.irecv(buf, group=group, group_src=0), timeout_s, _recv_error("step 2/2 (send back)", 0, group))
+        what = _send_error("step 1/2 (gather)", 0, group)
+        wait(isend(encode(), group, 0, what), timeout_s, what)
+        what = _recv_error("step 2/2 (send back)", 0, group)
+        wait(irecv(buf, group, 0, what), timeout_s, what)
         copy_into(buf)
     return finish(tensor, flat)
 
@@ -56,14 +59,17 @@ def all_gather(payload, buf, stride: int, group=None, timeout_s=None) -> list:
     slots[r][:payload.numel()] = payload
     if r == 0:
         for src in range(1, n):
-            wait(dist.irecv(slots[src], group=group, group_src=src), timeout_s,
-                 _recv_error(f"all-gather step 1/2 ({src}/{n - 1})", src, group))
-        sends = [(dst, dist.isend(buf, group=group, group_dst=dst)) for dst in range(1, n)]
+            what = _recv_error(f"all-gather step 1/2 ({src}/{n - 1})", src, group)
+            wait(irecv(slots[src], group, src, what), timeout_s, what)
+        whats = {dst: _send_error(f"all-gather step 2/2 ({dst}/{n - 1})", dst, group) for dst in range(1, n)}
+        sends = [(dst, isend(buf, group, dst, whats[dst])) for dst in range(1, n)]
         for dst, w in sends:
-            wait(w, timeout_s, _send_error(f"all-gather step 2/2 ({dst}/{n - 1})", dst, group))
+            wait(w, timeout_s, whats[dst])
     else:
-        wait(dist.isend(slots[r], group=group, group_dst=0), timeout_s, _send_error("all-gather step 1/2", 0, group))
-        wait(dist.irecv(buf, group=group, group_src=0), timeout_s, _recv_error("all-gather step 2/2", 0, group))
+        what = _send_error("all-gather step 1/2", 0, group)
+        wait(isend(slots[r], group, 0, what), timeout_s, what)
+        what = _recv_error("all-gather step 2/2", 0, group)
+        wait(irecv(buf, group, 0, what), timeout_s, what)
     return slots
 
 

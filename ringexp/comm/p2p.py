@@ -1,5 +1,6 @@
-"""What every hand-written algorithm shares: a float work copy, and waits that time out with a message
-naming the algorithm, the step and the peer, so a dead peer is an error, not a hang."""
+"""What every hand-written algorithm shares: a float work copy, and point-to-point ops whose posting and waits
+fail with a message naming the algorithm, the step and the peer (a wait after a timeout), so a dead peer is an
+error, not a hang."""
 
 from datetime import timedelta
 
@@ -26,8 +27,32 @@ def global_rank(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
-def wait(work, timeout_s, what: str) -> None:
+def isend(tensor, group, dst: int, what):
+    """dist.isend to group rank `dst`; posting to a peer already gone raises at once, in `what`'s words too."""
+    try:
+        return dist.isend(tensor, group=group, group_dst=dst)
+    except Exception as e:
+        raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e
+
+
+def irecv(tensor, group, src: int, what):
+    try:
+        return dist.irecv(tensor, group=group, group_src=src)
+    except Exception as e:
+        raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e
+
+
+def said(what) -> str:
+    """`what` is the message, or a function that makes it (only when something failed: hot loops post many ops)."""
+    return what() if callable(what) else what
+
+
+def one_line(e) -> str:
+    return str(e).splitlines()[0] if str(e) else repr(e)
+
+
+def wait(work, timeout_s, what) -> None:
     try:
         work.wait(timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
     except Exception as e:  # gloo raises RuntimeError/DistBackendError on a timeout or a closed peer
-        raise RuntimeError(f"{what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}") from e
+        raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e

@@ -19,7 +19,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ringexp.comm.p2p import finish, global_rank, wait, work_copy
+from ringexp.comm.p2p import finish, global_rank, irecv, isend, wait, work_copy
 
 # Segment size when none is given: half a chunk (two segments in flight, as gloo's own ring does), but at least
 # MIN_AUTO (each message costs a rendezvous and wake-ups: 256 KiB segments were 2x slower at 1-64 MB) and at
@@ -77,80 +77,102 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
     while sums stay float32: each reduce-scatter hop decodes, adds in float32 and re-encodes; the finished
     chunk is encoded once (and its owner keeps the decoded value, so every rank ends with the same numbers),
     and the all-gather forwards those bytes unchanged."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    right, left = (r + 1) % n, (r - 1) % n
-    nseg = max(1, math.ceil(max(e - b for b, e in bounds) / seg))
-    ops = [(s, j) for s in steps for j in range(nseg)]
+    p = _Pipeline(flat, group, bounds, seg, steps, timeout_s, wire)
+    for i in range(min(DEPTH, len(p.ops))):
+        p.post(i)
+    for j in range(p.nseg):  # the first step sends data that is ready now
+        p.send(steps[0], j)
+    for i, (s, j) in enumerate(p.ops):
+        p.receive(i)
+        if i + DEPTH < len(p.ops):
+            p.post(i + DEPTH)
+        if s + 1 in steps:
+            p.send(s + 1, j)
+    for work, _payload in p.sends:
+        wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, p.right)} did not take our data")
 
-    def view(chunk, j):
-        b, e = bounds[chunk % n]
-        lo, hi = b + j * seg, min(b + (j + 1) * seg, e)
-        return flat[lo:hi] if hi > lo else None
 
-    if wire is None:
-        bufs = _buffers(min(seg, flat.numel()), flat.dtype, flat.device)
-    else:  # encoded sends of steps 0 .. n-1 and all-gather receives each get a slot of one reused arena
-        slot_bytes = -(-wire.nbytes(min(seg, flat.numel())) // 8) * 8
-        bufs = _buffers(slot_bytes, torch.uint8, flat.device)
-        arena = _arena((2 * n - 1) * nseg * slot_bytes, flat.device)
+class _Pipeline:
+    """The state of one pipelined pass: the (step, segment) operations, receives posted ahead, sends in flight."""
 
-        def slot(k, j):  # k = s for the sends of steps 0 .. n-1; s + 1 for all-gather receives (s >= n-1)
-            i = k * nseg + j
-            return arena[i * slot_bytes:(i + 1) * slot_bytes]
-    pending, sends, received = {}, [], {}  # receives posted ahead; sends in flight; wire: bytes to forward
+    def __init__(self, flat, group, bounds, seg, steps, timeout_s, wire):
+        self.flat, self.group, self.bounds, self.seg, self.steps = flat, group, bounds, seg, steps
+        self.timeout_s, self.wire = timeout_s, wire
+        self.n, self.r = dist.get_world_size(group), dist.get_rank(group)
+        self.right, self.left = (self.r + 1) % self.n, (self.r - 1) % self.n
+        self.nseg = max(1, math.ceil(max(e - b for b, e in bounds) / seg))
+        self.ops = [(s, j) for s in steps for j in range(self.nseg)]
+        if wire is None:
+            self.bufs = _buffers(min(seg, flat.numel()), flat.dtype, flat.device)
+        else:  # encoded sends of steps 0 .. n-1 and all-gather receives each get a slot of one reused arena
+            self.slot_bytes = -(-wire.nbytes(min(seg, flat.numel())) // 8) * 8
+            self.bufs = _buffers(self.slot_bytes, torch.uint8, flat.device)
+            self.arena = _arena((2 * self.n - 1) * self.nseg * self.slot_bytes, flat.device)
+        self.pending, self.sends, self.received = {}, [], {}  # wire: received bytes to forward
 
-    def post(i):
-        s, j = ops[i]
-        dst = view(r - s - 1, j)
+    def view(self, chunk, j):
+        b, e = self.bounds[chunk % self.n]
+        lo, hi = b + j * self.seg, min(b + (j + 1) * self.seg, e)
+        return self.flat[lo:hi] if hi > lo else None
+
+    def slot(self, k, j):
+        """Arena slot k = s for the sends of steps 0 .. n-1; s + 1 for all-gather receives (s >= n-1)."""
+        i = k * self.nseg + j
+        return self.arena[i * self.slot_bytes:(i + 1) * self.slot_bytes]
+
+    def post(self, i) -> None:
+        s, j = self.ops[i]
+        dst = self.view(self.r - s - 1, j)
         if dst is None:
             return
         # All-gather receives go straight into place. Our reduce-scatter send from that region may still
         # be in flight, but that is safe: the finished sum that arrives there includes what we sent, so it
         # cannot reach us before the right neighbour has received all of our send.
-        if wire is None:
-            into = bufs[i % DEPTH][: dst.numel()] if s < n - 1 else dst
+        reduce = s < self.n - 1
+        if self.wire is None:
+            into = self.bufs[i % DEPTH][: dst.numel()] if reduce else dst
         else:
-            size = wire.nbytes(dst.numel())
-            into = (bufs[i % DEPTH] if s < n - 1 else slot(s + 1, j))[:size]
-        pending[i] = (dist.irecv(into, group=group, group_src=left), dst, into)
+            into = (self.bufs[i % DEPTH] if reduce else self.slot(s + 1, j))[:self.wire.nbytes(dst.numel())]
+        work = irecv(into, self.group, self.left, lambda: self.where(s, j, "nothing from", self.left))
+        self.pending[i] = (work, dst, into)
 
-    def send(s, j):
-        src = view(r - s, j)
+    def receive(self, i) -> None:
+        """Wait for operation i's segment; add it (reduce-scatter) or take it (all-gather)."""
+        if i not in self.pending:
+            return
+        (s, j), n, wire = self.ops[i], self.n, self.wire
+        work, dst, into = self.pending.pop(i)
+        wait(work, self.timeout_s, lambda: self.where(s, j, "nothing from", self.left))
+        if s < n - 1:
+            dst.add_(into) if wire is None else wire.add_into(into, dst)
+        elif wire is not None:
+            wire.copy_into(into, dst)
+            if s + 1 in self.steps:
+                self.received[(s, j)] = into
+
+    def send(self, s, j) -> None:
+        src = self.view(self.r - s, j)
         if src is None:
             return
+        wire = self.wire
         if wire is None:
             payload = src
-        elif s < n - 1:  # a partial sum, re-encoded at every hop
-            payload = wire.encode_into(src, slot(s, j))
-        elif s == n - 1:  # our finished segment: keep what the others will decode
-            payload = wire.encode_into(src, slot(s, j))
+        elif s < self.n - 1:  # a partial sum, re-encoded at every hop
+            payload = wire.encode_into(src, self.slot(s, j))
+        elif s == self.n - 1:  # our finished segment: keep what the others will decode
+            payload = wire.encode_into(src, self.slot(s, j))
             wire.copy_into(payload, src)
         else:  # the all-gather forwards what it received
-            payload = received.pop((s - 1, j))
-        sends.append((dist.isend(payload, group=group, group_dst=right), payload))
+            payload = self.received.pop((s - 1, j))
+        work = isend(payload, self.group, self.right, lambda: self.where(s, j, "cannot send to", self.right))
+        self.sends.append((work, payload))
 
-    for i in range(min(DEPTH, len(ops))):
-        post(i)
-    for j in range(nseg):  # the first step sends data that is ready now
-        send(steps[0], j)
-    for i, (s, j) in enumerate(ops):
-        if i in pending:
-            work, dst, into = pending.pop(i)
-            phase = f"reduce-scatter step {s + 1}" if s < n - 1 else f"all-gather step {s - n + 2}"
-            wait(work, timeout_s, f"ring all-reduce: {phase}/{n - 1}, segment {j + 1}/{nseg}: "
-                                  f"nothing from rank {global_rank(group, left)}")
-            if s < n - 1:
-                dst.add_(into) if wire is None else wire.add_into(into, dst)
-            elif wire is not None:
-                wire.copy_into(into, dst)
-                if s + 1 in steps:
-                    received[(s, j)] = into
-        if i + DEPTH < len(ops):
-            post(i + DEPTH)
-        if s + 1 in steps:
-            send(s + 1, j)
-    for work, _payload in sends:
-        wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, right)} did not take our data")
+    def where(self, s, j, what: str, peer: int) -> str:
+        """Which step and segment of which phase, and the peer: what a failure message says."""
+        n = self.n
+        phase = f"reduce-scatter step {s + 1}" if s < n - 1 else f"all-gather step {s - n + 2}"
+        return (f"ring all-reduce: {phase}/{n - 1}, segment {j + 1}/{self.nseg}: {what} rank "
+                f"{global_rank(self.group, peer)}")
 
 
 def _segment(flat, n: int, segment_bytes) -> int:

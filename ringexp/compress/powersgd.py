@@ -2,6 +2,7 @@
 all-reduced with the builtin collective, so it composes with strategy ddp only (validated before launch).
 Before `start_step` (>= 2, as torch requires for error feedback to warm up) it all-reduces uncompressed."""
 
+import numpy as np
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 WIRE = False
@@ -43,8 +44,6 @@ def state_dict(state) -> dict:
 
 
 def load_state_dict(state, d: dict) -> None:
-    import numpy as np
-
     state.iter = d["iter"]
     state.error_dict, state.p_memory_dict, state.q_memory_dict = d["error_dict"], d["p_memory_dict"], d["q_memory_dict"]
     state.rng.set_state(("MT19937", np.array(d["rng_keys"], dtype=np.uint32), d["rng_pos"]))

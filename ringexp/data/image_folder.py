@@ -6,13 +6,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, Subset
 
+from ringexp.errors import DataError
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-
-
-def _data_error(msg: str):
-    from ringexp.config import DataError
-
-    return DataError(msg)
 
 
 def csv_path(cfg) -> Path:
@@ -27,53 +23,51 @@ def read_labels(cfg):
     """Parse and check the CSV; returns (paths, label_names, label rows). Errors name the file and line."""
     path = csv_path(cfg)
     if not path.is_file():
-        raise _data_error(f"{path}: labels CSV not found; set data.csv=FILE (path, then one 0/1 column per label)")
+        raise DataError(f"{path}: labels CSV not found; set data.csv=FILE (path, then one 0/1 column per label)")
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
-        raise _data_error(f"{path}:1: the CSV is empty; it needs a header row")
+        raise DataError(f"{path}:1: the CSV is empty; it needs a header row")
     header = [h.strip() for h in rows[0]]
     wanted = list(cfg.label_columns) or [h for h in header if h != cfg.path_column]
     missing = [c for c in [cfg.path_column, *wanted] if c not in header]
     if missing:
-        raise _data_error(f"{path}:1: header lacks column(s) {', '.join(missing)} (has: {', '.join(header)}); "
+        raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)} (has: {', '.join(header)}); "
                           "fix the CSV or set data.path_column / data.label_columns")
     if not wanted:
-        raise _data_error(f"{path}:1: no label columns besides '{cfg.path_column}'")
+        raise DataError(f"{path}:1: no label columns besides '{cfg.path_column}'")
     pi, li = header.index(cfg.path_column), [header.index(c) for c in wanted]
     paths, labels, seen = [], [], {}
     for lineno, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
-            raise _data_error(f"{path}:{lineno}: {len(row)} fields, header has {len(header)}")
+            raise DataError(f"{path}:{lineno}: {len(row)} fields, header has {len(header)}")
         rel = row[pi].strip()
         if rel in seen:
-            raise _data_error(f"{path}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
+            raise DataError(f"{path}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
         seen[rel] = lineno
         if not (Path(cfg.root) / rel).is_file():
-            raise _data_error(f"{path}:{lineno}: image {rel} not found under {cfg.root}")
+            raise DataError(f"{path}:{lineno}: image {rel} not found under {cfg.root}")
         values = [row[i].strip() for i in li]
         bad = [v for v in values if v not in ("0", "1")]
         if bad:
-            raise _data_error(f"{path}:{lineno}: label values must be 0 or 1, got {bad[0]!r}")
+            raise DataError(f"{path}:{lineno}: label values must be 0 or 1, got {bad[0]!r}")
         paths.append(rel)
         labels.append([float(v) for v in values])
     if not paths:
-        raise _data_error(f"{path}: no image rows; add one line per image")
+        raise DataError(f"{path}: no image rows; add one line per image")
     return paths, wanted, labels
 
 
 def check_image_folder(cfg) -> None:
     if not cfg.root:
-        raise _data_error("data=image_folder needs data.root=FOLDER (images plus labels.csv)")
+        raise DataError("data=image_folder needs data.root=FOLDER (images plus labels.csv)")
     root = Path(cfg.root)
     if not root.is_dir():
-        raise _data_error(f"{root}: image folder not found; set data.root to a folder of images")
+        raise DataError(f"{root}: image folder not found; set data.root to a folder of images")
     if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in root.rglob("*")):
-        raise _data_error(f"{root}: the folder holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-    if not 0 < cfg.val_fraction < 1:
-        raise _data_error(f"data.val_fraction={cfg.val_fraction} must be between 0 and 1")
+        raise DataError(f"{root}: the folder holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     read_labels(cfg)
 
 
@@ -102,13 +96,13 @@ class ImageFolderMultiLabel(Dataset):
         except (OSError, SyntaxError, ValueError) as e:  # PIL's unreadable / truncated / corrupt image errors
             if self.skip_bad:
                 return None  # dropped by the loader's collate and counted (data/skipped_bad)
-            raise _data_error(f"{path}: cannot read image ({type(e).__name__}: {e}); fix or remove it, or set "
+            raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e}); fix or remove it, or set "
                               "data.skip_bad=true to skip unreadable images") from None
 
 
 def image_folder_splits(cfg):
     paths, names, labels = read_labels(cfg)
-    ds = ImageFolderMultiLabel(cfg.root, paths, labels, cfg.image_size, cfg.get("skip_bad", False))
+    ds = ImageFolderMultiLabel(cfg.root, paths, labels, cfg.image_size, cfg.skip_bad)
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     n_val = max(1, int(round(len(ds) * cfg.val_fraction)))
     return Subset(ds, order[n_val:]), Subset(ds, order[:n_val]), len(names)

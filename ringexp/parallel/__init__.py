@@ -1,52 +1,30 @@
-"""Parallel strategies, registered by name: each is `apply(model, cfg, env) -> model` plus the bytes
-one rank sends per optimizer step, so records can report traffic without instrumenting the backend."""
+"""Parallel strategies, one module each, behind one interface (`base.Strategy`): how the model is wrapped,
+no_sync, the grad scaler, how exposed communication is measured, bytes on the wire, how the model and the
+communication state are saved and loaded. Registered by `parallel.strategy` name.
 
-from contextlib import nullcontext
+    single        base.py   one process
+    ddp           ddp.py    DDP with its builtin all-reduce (the reference)
+    ring, hierarchical, naive   ddp.py + hooks.py: DDP with a ringexp collective (ringexp.comm) as its hook
+    fsdp          fsdp.py   PyTorch FSDP2
+"""
 
-import torch
+from ringexp.config import StrategyName
+from ringexp.parallel.base import Single, Strategy
+from ringexp.parallel.ddp import DDPStrategy
+from ringexp.parallel.fsdp import FSDPStrategy
 
-from ringexp.parallel import ddp, fsdp, single
-
-STRATEGIES = {"ddp": ddp, "ring": ddp, "hierarchical": ddp, "naive": ddp, "fsdp": fsdp, "single": single}
-
-
-def apply(model, cfg, env, timer=None, example=None):
-    """The model wrapped by the strategy; its collectives report to `timer` (a ringexp.timing.CommTimer).
-    `example`: an input batch of the right shape, with which DDP settles its buckets (see ddp.settle_buckets)."""
-    return STRATEGIES[str(cfg.parallel.strategy)].apply(model, cfg, env, timer, example)
-
-
-def wire_note(cfg) -> str:
-    """What the bytes-on-wire figure counts, where the backend changes it."""
-    note = getattr(STRATEGIES[str(cfg.parallel.strategy)], "wire_note", None)
-    return note(cfg) if note else "bytes each rank sends with the chosen algorithm"
+STRATEGIES = {StrategyName.single: Single, StrategyName.ddp: DDPStrategy, StrategyName.ring: DDPStrategy,
+              StrategyName.hierarchical: DDPStrategy, StrategyName.naive: DDPStrategy, StrategyName.fsdp: FSDPStrategy}
 
 
-def exposure(cfg) -> str:
-    """How exposed communication is measured (ringexp.timing.CommTimer)."""
-    return "blocking" if cfg.parallel.strategy == "fsdp" else "handover"
+def build(cfg, env) -> Strategy:
+    """This worker's strategy for `cfg` (a TrainConfig) in process environment `env` (ringexp.dist.Env)."""
+    return STRATEGIES[cfg.parallel.strategy](cfg, env)
 
 
-def grad_scaler(cfg, device):
-    """fp16 loss scaling. With sharded gradients each rank sees only its shard's infs, so FSDP needs the
-    scaler that agrees on them across ranks (else ranks skip different steps and their scales drift apart)."""
-    enabled = cfg.amp.mode == "fp16"
-    if cfg.parallel.strategy == "fsdp" and enabled:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device.type)
-    return torch.amp.GradScaler(device.type, enabled=enabled)
+def check(cfg, world_size: int) -> None:
+    """The strategy's own refusals (ConfigError), before any worker starts."""
+    STRATEGIES[cfg.parallel.strategy].check(cfg, world_size)
 
 
-def wire_bytes(cfg, shapes: list, world_size: int) -> int:
-    """Bytes the busiest rank sends per optimizer step, for gradients of these parameter shapes."""
-    return STRATEGIES[str(cfg.parallel.strategy)].wire_bytes(cfg, shapes, world_size)
-
-
-def no_sync(model, sync: bool):
-    """Skip gradient synchronisation on all but the last micro-batch of an accumulated step (DDP's no_sync,
-    FSDP2's switch)."""
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(sync)
-        return nullcontext()
-    return nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
+__all__ = ["STRATEGIES", "Strategy", "build", "check"]

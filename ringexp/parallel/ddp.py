@@ -3,14 +3,17 @@ ringexp's collectives as its communication hook (ring, hierarchical, naive). DDP
 bucket_cap_mb and gradient_as_bucket_view work the same either way.
 
 Compression: with the builtin all-reduce, PyTorch's own hooks where they exist (fp16/bf16 compress hooks,
-PowerSGD); every other combination goes through ringexp's hook and ringexp.compress."""
+PowerSGD); every other combination goes through ringexp's hook and ringexp.compress.
+"""
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringexp import compress, timing
+from ringexp.compress import powersgd
 from ringexp.parallel import hooks
+from ringexp.parallel.base import Strategy
 
 TORCH_CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
@@ -22,33 +25,73 @@ def comm_options(p) -> dict:
             "variant": p.variant}
 
 
-def apply(model, cfg, env, timer=None, example=None):
-    p = cfg.parallel
-    ddp = DDP(
-        model.to(env.device),
-        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-        bucket_cap_mb=p.bucket_cap_mb,
-        gradient_as_bucket_view=p.gradient_as_bucket_view,
-        static_graph=p.static_graph,
-        find_unused_parameters=p.find_unused_parameters,
-    )
-    if example is not None:
-        settle_buckets(ddp, example)
-    algorithm, c = ALGORITHM[p.strategy], cfg.compression
-    if c.name == "powersgd":
-        state, hook = compress.powersgd.hook(c, compress.error_feedback(c))
-    elif algorithm == "builtin" and c.name in TORCH_CAST_HOOKS:
-        state, hook = None, TORCH_CAST_HOOKS[c.name]
-    elif algorithm != "builtin" or c.name != "none":
-        compressor = None if c.name == "none" else compress.State(c, momentum=cfg.optim.momentum)
-        state, hook = hooks.make_state(algorithm, comm_options(p) | {"scope": c.scope}, compressor), hooks.comm_hook
-    elif timer is not None:  # what DDP's C++ reducer does by default, as a hook so that it can be timed
-        state, hook = None, default_hooks.allreduce_hook
-    else:
+class DDPStrategy(Strategy):
+    def __init__(self, cfg, env):
+        super().__init__(cfg, env)
+        self.algorithm = ALGORITHM[cfg.parallel.strategy]
+        self.hook_state = None  # ringexp's hook: a hooks.CommState (its thread, group and compressor)
+        self.powersgd = None  # PyTorch's PowerSGD hook: its PowerSGDState
+
+    def wrap(self, model, timer=None, example=None):
+        """DDP around the model, with ringexp's or PyTorch's communication hook where the config asks for one.
+        `timer`: every bucket's all-reduce is reported to it (builtin too, through the same hook DDP's C++
+        reducer runs by default). `example`: a batch with which DDP settles its buckets (settle_buckets)."""
+        p, env = self.cfg.parallel, self.env
+        ddp = DDP(model.to(env.device), device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+                  bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
+                  static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
+        if example is not None:
+            settle_buckets(ddp, example)
+        state, hook = self.comm_hook()
+        if hook is None and timer is not None:
+            hook = default_hooks.allreduce_hook  # DDP's default, as a hook so that it can be timed
+        if hook is not None:
+            ddp.register_comm_hook(state, hook if timer is None else timing.timed_hook(hook, timer))
         return ddp
-    ddp.comm_state = state
-    ddp.register_comm_hook(state, hook if timer is None else timing.timed_hook(hook, timer))
-    return ddp
+
+    def comm_hook(self):
+        """(state, hook) for DDP's register_comm_hook, or (None, None) for DDP's own builtin all-reduce."""
+        c = self.cfg.compression
+        if c.name == "powersgd":
+            self.powersgd, hook = powersgd.hook(c, compress.error_feedback(c))
+            return self.powersgd, hook
+        if self.algorithm == "builtin" and c.name in TORCH_CAST_HOOKS:
+            return None, TORCH_CAST_HOOKS[c.name]
+        if self.algorithm == "builtin" and c.name == "none":
+            return None, None
+        compressor = None if c.name == "none" else compress.State(c, momentum=self.cfg.optim.momentum)
+        options = comm_options(self.cfg.parallel) | {"scope": c.scope}
+        self.hook_state = hooks.make_state(self.algorithm, options, compressor)
+        return self.hook_state, hooks.comm_hook
+
+    def no_sync(self, model, sync: bool):
+        return super().no_sync(model, sync) if sync else model.no_sync()
+
+    def wire_bytes(self, shapes: list) -> int:
+        numel = sum(s.numel() for s in shapes)
+        return compress.wire_bytes(self.cfg.compression, self.algorithm, numel, self.env.world_size, shapes,
+                                   **comm_options(self.cfg.parallel))
+
+    def state_dict(self):
+        """ringexp's compressor (residuals, DGC momentum, step counts) or PyTorch's PowerSGD (error feedback and
+        warm-start factors); None when neither is in use."""
+        if self.powersgd is not None:
+            return powersgd.state_dict(self.powersgd)
+        if self.hook_state is not None and self.hook_state.compressor is not None:
+            return self.hook_state.compressor.state_dict()
+        return None
+
+    def load_state_dict(self, state) -> None:
+        if state is None:
+            return
+        if self.powersgd is not None:
+            powersgd.load_state_dict(self.powersgd, state)
+        else:
+            self.hook_state.compressor.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.hook_state is not None:
+            self.hook_state.close()
 
 
 def settle_buckets(ddp, example) -> None:
@@ -66,9 +109,3 @@ def settle_buckets(ddp, example) -> None:
     ddp.zero_grad(set_to_none=True)
     ddp.train(was_training)
     torch.set_rng_state(rng)
-
-
-def wire_bytes(cfg, shapes: list, world_size: int) -> int:
-    p = cfg.parallel
-    numel = sum(s.numel() for s in shapes)
-    return compress.wire_bytes(cfg.compression, ALGORITHM[p.strategy], numel, world_size, shapes, **comm_options(p))

@@ -11,12 +11,83 @@ slice (pytorch#118911), so FSDP sends about twice the gradient bytes it would on
 """
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ringexp.compress.cast import DTYPES
+from ringexp.config import AmpMode
+from ringexp.errors import ConfigError
+from ringexp.parallel.base import Strategy
+
+
+class FSDPStrategy(Strategy):
+    sharded = True  # every rank saves and loads its own shards (torch.distributed.checkpoint)
+    # FSDP issues its collectives on the training thread: exposed is the time spent inside calls that block it
+    exposure = "blocking"
+
+    @staticmethod
+    def check(cfg, world_size: int) -> None:
+        """FSDP reduces gradients itself: it takes a cast as its reduce dtype and nothing else of the DDP family's."""
+        c, p = cfg.compression, cfg.parallel
+        if c.name not in ("none", "fp16", "bf16"):
+            raise ConfigError(f"compression={c.name} with +parallel=fsdp: FSDP reduces gradients itself and takes "
+                              "only a cast (fp16 or bf16, its reduce dtype); use compression=none|fp16|bf16 or a DDP "
+                              "strategy")
+        if p.nodes is not None:
+            raise ConfigError(f"parallel.nodes={p.nodes} with +parallel=fsdp: FSDP shards over all ranks (no hybrid "
+                              "sharding here); drop parallel.nodes, or use +parallel=hierarchical")
+
+    def wrap(self, model, timer=None, example=None):
+        return shard(model, self.cfg, self.env.device, self.env.world_size, timer)
+
+    def no_sync(self, model, sync: bool):
+        model.set_requires_gradient_sync(sync)  # FSDP2's switch: reduce-scatter only on the last micro-batch
+        return super().no_sync(model, sync)
+
+    def grad_scaler(self):
+        """With sharded gradients each rank sees only its shard's infs: the sharded scaler agrees on them across
+        ranks (else ranks skip different steps and their scales drift apart)."""
+        if self.cfg.amp.mode != AmpMode.fp16:
+            return super().grad_scaler()
+        return ShardedGradScaler(self.env.device.type)
+
+    def wire_bytes(self, shapes: list) -> int:
+        """Bytes one rank sends per optimizer step: an all-gather of the parameters per forward (and again per
+        backward when they are resharded after forward), per micro-batch, and one reduce-scatter of the
+        gradients, which gloo runs as a full all-reduce (2(n-1)/n of the buffer instead of (n-1)/n)."""
+        cfg, n = self.cfg, self.env.world_size
+        if n < 2:
+            return 0
+        numel = sum(s.numel() for s in shapes)
+        param = 2 if cfg.amp.mode in DTYPES else 4
+        reduce = 2 if cfg.compression.name in DTYPES else 4
+        gathers = cfg.accumulation.steps * (2 if cfg.parallel.reshard_after_forward else 1)
+        scatter = 1 if self.env.backend == "nccl" else 2
+        return int(numel * (gathers * param + scatter * reduce) * (n - 1) / n)
+
+    def wire_note(self) -> str:
+        return ("nccl: all-gather and reduce-scatter" if self.env.backend == "nccl"
+                else "gloo: reduce-scatter sent as a full all-reduce (about 2x NCCL's gradient traffic)")
+
+    @staticmethod
+    def tips(amp: AmpMode) -> str:
+        return ("parallel.reshard_after_forward=false, parallel.forward_prefetch, "
+                + ("amp=bf16 or " if amp == AmpMode.off else "") + "accumulation")
+
+    def save(self, path, model, opt) -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=path)
+
+    def load(self, path, model, opt) -> None:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optimizer": osd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def blocks(model: nn.Module) -> list:
@@ -30,10 +101,11 @@ def blocks(model: nn.Module) -> list:
     return resnet or [m for m in model.children() if any(p.requires_grad for p in m.parameters())]
 
 
-def apply(model, cfg, env, timer=None, example=None):
+def shard(model, cfg, device, world_size: int, timer=None):
+    """fully_shard every block (and every batch norm, under mixed precision), then the root; returns the root."""
     p = cfg.parallel
-    model = model.to(env.device)
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    model = model.to(device)
+    mesh = init_device_mesh(device.type, (world_size,))
     param_dtype = DTYPES.get(cfg.amp.mode)
     # float32 unless a cast compressor says otherwise (FSDP2 would reduce in the parameter dtype)
     reduce_dtype = DTYPES.get(cfg.compression.name, torch.float32)
@@ -88,23 +160,3 @@ def _timed(timer, call, *args, async_op):
     else:
         work.get_future().then(lambda _: timer.end(span))
     return work
-
-
-def wire_bytes(cfg, shapes: list, world_size: int) -> int:
-    """Bytes one rank sends per optimizer step: an all-gather of the parameters per forward (and again per
-    backward when they are resharded after forward), per micro-batch, and one reduce-scatter of the
-    gradients, which gloo runs as a full all-reduce (2(n-1)/n of the buffer instead of (n-1)/n)."""
-    n = world_size
-    if n < 2:
-        return 0
-    numel = sum(s.numel() for s in shapes)
-    param = 2 if cfg.amp.mode in DTYPES else 4
-    reduce = 2 if cfg.compression.name in DTYPES else 4
-    gathers = cfg.accumulation.steps * (2 if cfg.parallel.reshard_after_forward else 1)
-    scatter = 1 if cfg.launcher.device == "cuda" else 2
-    return int(numel * (gathers * param + scatter * reduce) * (n - 1) / n)
-
-
-def wire_note(cfg) -> str:
-    return ("nccl: all-gather and reduce-scatter" if cfg.launcher.device == "cuda"
-            else "gloo: reduce-scatter sent as a full all-reduce (about 2x NCCL's gradient traffic)")

@@ -23,6 +23,10 @@ class CommState:
         self.world = dist.get_world_size(group)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{algorithm}")
 
+    def close(self) -> None:
+        """Let the worker thread end (training has ended; after a failure, nothing queued still runs)."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
 
 def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     fut = torch.futures.Future()

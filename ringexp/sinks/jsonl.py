@@ -3,13 +3,22 @@
 import json
 from pathlib import Path
 
+from ringexp.records import METRICS
+
 
 class JsonlSink:
+    best_effort = False  # the record every table is made from: a row that cannot be written stops the run
+
     def __init__(self, run_dir):
-        self.f = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
+        self.path = Path(run_dir) / METRICS
+        self.f = open(self.path, "a", buffering=1)
 
     def log(self, row: dict, step: int) -> None:
-        self.f.write(json.dumps({"step": step, **row}) + "\n")
+        try:
+            self.f.write(json.dumps({"step": step, **row}) + "\n")
+        except (OSError, ValueError) as e:  # a full disk, a closed file
+            raise RuntimeError(f"{self.path}: cannot write the row of step {step} ({e}); the run stops here, and "
+                               "resume=auto continues from its last checkpoint") from e
 
     def summary(self, summary: dict) -> None:
         pass

@@ -6,6 +6,8 @@ from tqdm import tqdm
 
 
 class ProgressSink:
+    best_effort = True  # cosmetic
+
     def __init__(self, total_steps: int, start: int = 0):
         self.bar = tqdm(total=total_steps, initial=start, unit="step", dynamic_ncols=True,
                         disable=not sys.stderr.isatty())

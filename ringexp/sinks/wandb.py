@@ -8,13 +8,13 @@ training thread is back in compute (which releases the GIL).
 
 import logging
 import queue
-import sys
 import threading
+
+from ringexp.errors import print_warning
 
 
 def warn(message: str) -> None:
-    first_line = message.splitlines()[0] if message else message
-    print(f"ringexp: warning: {first_line}", file=sys.stderr, flush=True)
+    print_warning(message)
     logging.getLogger("ringexp").warning(message)
 
 
@@ -29,8 +29,9 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def init(cfg, run_dir, meta, mode: str, run_id=None):
-    import wandb
+def init(cfg: dict, run_dir, meta, mode: str, run_id=None):
+    """A W&B run for `cfg` (the run's config as plain values, its `logger` group among them)."""
+    import wandb  # only where W&B is on: importing it costs about a second
 
     run = wandb.init(
         project=cfg["logger"]["project"], entity=cfg["logger"]["entity"], dir=str(run_dir),
@@ -46,6 +47,8 @@ def init(cfg, run_dir, meta, mode: str, run_id=None):
 
 
 class WandbSink:
+    best_effort = True  # metrics.jsonl and summary.json already hold every number
+
     def __init__(self, run):
         self.run = run
         self.rows = queue.Queue()
@@ -53,14 +56,20 @@ class WandbSink:
         self.thread.start()
 
     def _drain(self) -> None:
-        while (item := self.rows.get()) is not None:
-            self._safely(self.run.log if self.run else None, *item)
+        while True:
+            item = self.rows.get()
+            try:
+                if item is None:
+                    return
+                self._safely(self.run.log if self.run else None, *item)
+            finally:
+                self.rows.task_done()
 
     @classmethod
-    def open(cls, cfg, run_dir, meta, run_id=None):
+    def open(cls, cfg: dict, run_dir, meta, run_id=None):
         """A W&B run (continuing `run_id` when resuming). Online but W&B cannot be reached (no network, a bad key):
         one warning, then an offline run in the run directory, to `wandb sync` later. None if even that fails."""
-        mode = cfg["logger"]["mode"]
+        mode = str(cfg["logger"]["mode"])
         if mode == "disabled":
             return None
         try:
@@ -104,8 +113,9 @@ class WandbSink:
         self._flush()
         if self.run is not None:
             self._safely(self.run.finish, 0 if ok else 1)
+        self.rows.put(None)  # the drain thread ends
+        self.thread.join()
 
     def _flush(self) -> None:
-        if self.thread.is_alive():
-            self.rows.put(None)
-            self.thread.join()
+        """Wait until every row queued so far is logged; the drain thread stays, for rows logged later."""
+        self.rows.join()

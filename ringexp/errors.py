@@ -1,0 +1,48 @@
+"""What can go wrong that a user caused or must hear about, and the one line that says so.
+
+The bottom layer: every other module may raise these; this module imports nothing of ringexp's.
+ConfigError and DataError are the user's to fix (exit code 2); CheckpointError means the newest checkpoint was
+not written (the previous one is intact); PEER_LOST are the words of an error that only says a peer went away,
+a consequence, never the cause of a failed job.
+"""
+
+import sys
+
+
+class ConfigError(ValueError):
+    """A mistake in the user's configuration; the message says what to do."""
+
+
+class DataError(ConfigError):
+    """A problem with the user's data (missing folder, bad CSV, unreadable image); the message names the file."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the previous one is intact."""
+
+
+# what a worker's error says when the cause is another worker that died or hung
+PEER_LOST = ("peer", "connection closed", "Broken pipe", "timed out")
+
+
+def peer_lost(message: str) -> bool:
+    return any(p in message for p in PEER_LOST)
+
+
+def print_error(message: str) -> None:
+    """ringexp's one line for a failure: `ringexp: error: <what is wrong and what to do>` on stderr."""
+    print(f"ringexp: error: {message}", file=sys.stderr, flush=True)
+
+
+def print_warning(message: str) -> None:
+    first_line = message.splitlines()[0] if message else message
+    print(f"ringexp: warning: {first_line}", file=sys.stderr, flush=True)
+
+
+def one_line(message: str) -> str:
+    """An exception's message in one line: its first line, or for an exception a DataLoader worker re-raised
+    (whose message carries the original traceback) the last line, which holds the original error."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[-1] if "Original Traceback" in message else lines[0]

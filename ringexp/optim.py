@@ -1,0 +1,30 @@
+"""The optimizer and its schedule: AdamW or SGD, linear warm-up then cosine decay."""
+
+import math
+from functools import partial
+
+import torch
+
+from ringexp.config import OptimName
+
+
+def build_optimizer(model, ocfg, global_batch: int, total_steps: int, momentum_in_compressor: bool = False):
+    """(optimizer, LR scheduler) for `ocfg` (the optim config). `momentum_in_compressor`: DGC's momentum correction
+    applies SGD's momentum before compression (ringexp.compress.feedback), so the optimizer runs without it."""
+    lr = ocfg.lr * (global_batch / ocfg.base_batch_size if ocfg.scale_lr else 1.0)
+    if ocfg.name == OptimName.sgd:
+        momentum = 0.0 if momentum_in_compressor else ocfg.momentum
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=ocfg.weight_decay)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ocfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, partial(warmup_cosine, warmup=ocfg.warmup_steps, total=total_steps, floor=ocfg.min_lr_ratio))
+    return opt, sched
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
+    """LR multiplier: linear warm-up to 1 over `warmup` steps, then cosine down to `floor` at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))

@@ -1,0 +1,93 @@
+"""The interface every strategy implements, with what one process needs: nothing to communicate.
+
+A strategy is built once per worker from the config and the process environment and answers every question
+the trainer and the checkpoints ask about parallelism; nothing outside ringexp/parallel/ asks which strategy
+is running. Subclasses (ddp.py, fsdp.py) override what they do differently.
+"""
+
+from contextlib import nullcontext
+
+import torch
+
+from ringexp import records
+from ringexp.config import AmpMode
+from ringexp.errors import ConfigError
+
+
+class Strategy:
+    sharded = False  # each rank holds a shard of the model and optimizer (checkpoints per rank) or all of it
+    exposure = "handover"  # how ringexp.timing.CommTimer measures exposed communication: handover or blocking
+
+    def __init__(self, cfg, env):
+        self.cfg, self.env = cfg, env
+
+    @staticmethod
+    def check(cfg, world_size: int) -> None:
+        """Refuse, with a ConfigError, what this strategy cannot run (before any worker starts)."""
+
+    def wrap(self, model, timer=None, example=None):
+        """The model on this rank's device, wrapped for the strategy; its collectives report to `timer` (a
+        ringexp.timing.CommTimer). `example` is a batch of the input's shape, for strategies that need one."""
+        return model.to(self.env.device)
+
+    def no_sync(self, model, sync: bool):
+        """Context for one micro-batch's backward: gradients are synchronised only when `sync`."""
+        return nullcontext()
+
+    def grad_scaler(self):
+        """fp16 loss scaling (disabled unless amp=fp16)."""
+        return torch.amp.GradScaler(self.env.device.type, enabled=self.cfg.amp.mode == AmpMode.fp16)
+
+    def wire_bytes(self, shapes: list) -> int:
+        """Bytes the busiest rank sends per optimizer step, for gradients of these parameter shapes."""
+        return 0
+
+    def wire_note(self) -> str:
+        """What the bytes-on-wire figure counts."""
+        return "bytes each rank sends with the chosen algorithm"
+
+    @staticmethod
+    def tips(amp: AmpMode) -> str:
+        """What to try when communication is exposed (the time verdict)."""
+        return "parallel.bucket_cap_mb, +parallel=ring, compression or accumulation"
+
+    def save(self, path, model, opt) -> None:
+        """Write model and optimizer into checkpoint directory `path` (collective: every rank calls it). Every rank
+        holds the same: rank 0 writes them."""
+        if self.env.rank == 0:
+            state = {"model": unwrap(model).state_dict(), "optimizer": opt.state_dict()}
+            records.save_tensors(path / "model.pt", state)
+
+    def load(self, path, model, opt) -> None:
+        """Read what `save` wrote into the wrapped model and its optimizer, on every rank."""
+        saved = records.load_tensors(path / "model.pt")
+        unwrap(model).load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+
+    def state_dict(self):
+        """The communication state a resumed run needs (compressor residuals, PowerSGD's factors), or None."""
+        return None
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+    def close(self) -> None:
+        """Release what `wrap` started (threads, groups)."""
+
+
+class Single(Strategy):
+    """One process, no gradient communication: the baseline that scaling is measured against."""
+
+    @staticmethod
+    def check(cfg, world_size: int) -> None:
+        if world_size != 1:
+            raise ConfigError(f"parallel.strategy=single runs one process, but launcher.nproc_per_node={world_size}; "
+                              "drop the override or use +parallel=ddp")
+        if cfg.compression.name != "none":
+            raise ConfigError(f"compression={cfg.compression.name} with parallel.strategy=single: one process sends "
+                              "nothing; use compression=none or a multi-process strategy")
+
+
+def unwrap(model):
+    """The user's model inside a DDP wrapper (FSDP2 modifies the model in place and has no wrapper)."""
+    return getattr(model, "module", model)

@@ -1,0 +1,187 @@
+"""What a run records: one row per logged step, the evaluations, and the summary at the end.
+
+Every rank takes part in the recorder's all-reduces (the loss and data wait of a logged step, as means over
+ranks; the busiest rank's memory at the end); rank 0 alone writes, through its sinks. A step that logs nothing
+costs the recorder nothing but two clock marks: no reduction, no device sync, no row.
+"""
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ringexp import comm, records, timing
+from ringexp.config import plain
+from ringexp.metrics import median, peak_memory_bytes, spread
+from ringexp.sinks import open_sinks
+from ringexp.versions import versions
+
+log = logging.getLogger("ringexp")
+METRIC_KEYS = ("auroc_macro", "auroc_micro", "f1_macro", "f1_micro", "loss")
+
+
+class Recorder:
+    def __init__(self, cfg, env, run_dir, meta: dict, strategy, clock, comm_timer, grad_bytes: int, wire: int):
+        self.cfg, self.env, self.run_dir, self.meta = cfg, env, Path(run_dir), meta
+        self.strategy, self.clock, self.comm_timer = strategy, clock, comm_timer
+        self.grad_bytes, self.wire = grad_bytes, wire
+        dense = comm.wire_bytes("builtin", grad_bytes, env.world_size)  # float32 all-reduce of the same gradients
+        self.wire_ratio = wire / dense if dense else None
+        self.global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
+        pr = cfg.profile
+        self.profiled = range(pr.start_step, pr.start_step + pr.steps) if pr.enabled else range(0)
+        # intervals: the steps between two rows, {"first", "last", "step_s" (their mean time), "parts" (the split of
+        # the logged step)}; the interval in progress: seconds and steps so far
+        self.history, self.evals, self.intervals = [], [], []
+        self.interval_s, self.interval_n = 0.0, 0
+        self.skipped_bad, self.elapsed0, self.sinks = 0, 0.0, None
+        self.t_start = self.t_prev = self.t_end = time.perf_counter()
+
+    def open(self, start: int, source, wandb_id=None) -> None:
+        """Rank 0: open the sinks; a resumed run (`source`: the run directory its checkpoint came from) first takes
+        back the rows up to its checkpoint's step `start` and drops those of the attempt it redoes."""
+        if not self.env.is_main:
+            return
+        if source is not None:
+            rows = records.rewind(self.run_dir, source, start)
+            self.resume_from(rows)
+        self.sinks = open_sinks(plain(self.cfg), self.run_dir, self.meta, self.cfg.steps, start, wandb_id)
+
+    def resume_from(self, rows: list) -> None:
+        """What the summary needs of the steps before the checkpoint, from their metrics.jsonl rows."""
+        self.history = [r["train/loss"] for r in rows if "train/loss" in r]
+        self.evals = [{"step": r["step"]} | {k[4:]: v for k, v in r.items() if k.startswith("val/")}
+                      for r in rows if "val/auroc_macro" in r]
+        first = 1
+        for r in rows:
+            if "train/step_time_s" in r:
+                parts = {name: r.get(f"time/{name}") for name in timing.PARTS}
+                self.intervals.append({"first": first, "last": r["step"], "step_s": r["train/step_time_s"],
+                                       "parts": parts})
+                first = r["step"] + 1
+        self.elapsed0 = rows[-1].get("train/elapsed_s", 0.0) if rows else 0.0
+
+    def logs(self, step: int) -> bool:
+        """Every logger.log_every steps, the last step, and every step that evaluates or checkpoints (so that no
+        interval's time holds an evaluation, and a resumed run's rows continue from its checkpoint's)."""
+        c = self.cfg
+        return (step % c.logger.log_every == 0 or step == c.steps or step % c.eval_every == 0
+                or bool(c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0))
+
+    def record(self, step: int, loss, lr: float, marks: tuple, data_s: float, skipped: int, skipped_steps):
+        """The row of a logged step, None for any other (collective: every rank calls it on every step). `marks`
+        are the clock's marks at the step's start, after backward and after the optimizer; `skipped` counts the
+        samples this rank's loader dropped as unreadable since the run began.
+
+        Step time is end to end (data, compute, communication, logging), evaluation and checkpoints left out; a
+        row gives the mean over the steps since the previous row (measured on the host once the device is done:
+        right on GPUs too) and the split of its own step."""
+        if not self.logs(step):
+            self.add_step(time.perf_counter())
+            return None
+        stats = torch.tensor([data_s, skipped], device=loss.device, dtype=torch.float64)
+        stats = torch.cat([loss.double().reshape(1), stats])
+        if self.env.world_size > 1:
+            dist.all_reduce(stats)
+        loss_sum, wait_sum, skipped_bad = stats.tolist()  # (the one host sync of a logged step)
+        n, t_end = self.env.world_size, time.perf_counter()
+        own = t_end - self.t_prev
+        self.add_step(t_end)
+        first, step_s = step - self.interval_n + 1, self.interval_s / self.interval_n
+        self.interval_s, self.interval_n = 0.0, 0
+        self.skipped_bad = int(skipped_bad)
+        self.history.append(loss_sum / n)
+        self.clock.sync()
+        t0, t1, t2 = marks
+        split = timing.breakdown(own, data_s, self.clock.since(t0, t1), self.clock.since(t1, t2),
+                                 self.comm_timer.measure(t0, t1))
+        self.intervals.append({"first": first, "last": step, "step_s": step_s, "parts": split})
+        return {"train/loss": loss_sum / n, "train/lr": lr, "train/data_wait_s": wait_sum / n,
+                "train/peak_memory_bytes": peak_memory_bytes(self.env.device), "comm/wire_bytes_per_rank": self.wire,
+                "comm/compression_ratio": self.wire_ratio, "train/skipped_steps": int(skipped_steps),
+                "data/skipped_bad": self.skipped_bad, "train/step_time_s": step_s,
+                "train/samples_per_s": self.global_batch / step_s,
+                "train/elapsed_s": self.elapsed0 + t_end - self.t_start} | {f"time/{k}": v for k, v in split.items()}
+
+    def add_step(self, t_end: float) -> None:
+        """Count the step that ended at `t_end` into the interval in progress."""
+        self.t_end = t_end
+        self.interval_s += t_end - self.t_prev
+        self.interval_n += 1
+
+    def evaluation(self, step: int, val: dict) -> dict:
+        self.evals.append({"step": step, **val})
+        return {f"val/{k}": v for k, v in val.items()}
+
+    def write(self, row: dict, step: int) -> None:
+        if self.sinks:
+            self.sinks.log(row, step)
+
+    def step_done(self, excluded: bool) -> None:
+        """The next step's time starts now; after evaluation or a checkpoint (`excluded`) it starts afresh."""
+        self.t_prev = time.perf_counter() if excluded else self.t_end
+
+    def close(self, ok: bool) -> None:
+        if self.sinks:
+            self.sinks.close(ok=ok)
+
+    def finish(self, state: dict, extra: dict, profile=None):
+        """The summary (rank 0; None elsewhere), written to summary.json and the sinks (collective: the busiest
+        rank's memory is agreed on by all). `state`: this rank's bytes of parameters, gradients, optimizer state."""
+        memory = torch.tensor([peak_memory_bytes(self.env.device), *state.values()], device=self.env.device,
+                              dtype=torch.float64)
+        if self.env.world_size > 1:
+            dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        if not self.env.is_main:
+            return None
+        memory = dict(zip(["peak_bytes", *state], (int(v) for v in memory.tolist()), strict=True))
+        summary = self.summary(memory) | extra
+        if profile:
+            summary["profile"] = profile
+            self.sinks.artifact(self.run_dir / profile["trace"], "profile")
+        log.info("time: %s", summary["time"]["verdict"])
+        records.write_summary(self.run_dir, summary)
+        self.sinks.summary(summary)
+        self.close(ok=True)
+        log.info("done: %s", json.dumps(summary["throughput"]))
+        return summary
+
+    def summary(self, memory: dict) -> dict:
+        cfg, env, meta = self.cfg, self.env, self.meta
+        usable = [iv for iv in self.intervals if not self.profiled or iv["last"] < self.profiled.start
+                  or iv["first"] > self.profiled[-1]]  # the profiler's own overhead stays out of the statistics
+        steady = [iv for iv in usable if iv["first"] > cfg.throughput_warmup] or usable
+        times = [iv["step_s"] for iv in steady]
+        time_split = {"step_s": median(times)} | {name: median([iv["parts"][name] for iv in steady
+                                                                if iv["parts"][name] is not None])
+                                                        for name in timing.PARTS}
+        final = self.evals[-1] if self.evals else {}
+        best = max(self.evals, key=lambda e: e["auroc_macro"]) if self.evals else {}
+        return {
+            "status": "completed", "run_dir": str(self.run_dir),
+            "name": meta["name"], "group": meta["group"], "job_type": meta["job_type"],
+            "strategy": str(cfg.parallel.strategy), "choices": meta["choices"], "overrides": meta["overrides"],
+            "world_size": env.world_size, "device": str(env.device), "backend": env.backend,
+            "steps": cfg.steps, "global_batch_size": self.global_batch, "accumulation_steps": cfg.accumulation.steps,
+            # Median and spread of global samples/s over the steady intervals between rows (warm-up steps left out).
+            "throughput": spread([self.global_batch / t for t in times])
+            | {"warmup_steps_excluded": sum(iv["last"] - iv["first"] + 1 for iv in usable if iv not in steady)},
+            "step_time_s": spread(times),
+            "loss": {"first": self.history[0] if self.history else None,
+                     "last": self.history[-1] if self.history else None},
+            "final": {k: final.get(k) for k in METRIC_KEYS} | {"step": final.get("step")},
+            "best": {k: best.get(k) for k in METRIC_KEYS} | {"step": best.get("step")},
+            "val_samples": final.get("samples"),
+            # medians over the steady steps; ringexp.timing says how each part is measured
+            "time": time_split | {"verdict": timing.verdict(time_split, self.strategy.tips(cfg.amp.mode))},
+            "peak_memory_bytes": memory["peak_bytes"], "memory": memory,
+            "grad_bytes": self.grad_bytes, "wire_bytes_per_rank_per_step": self.wire,
+            "wire_bytes_basis": self.strategy.wire_note(),
+            # wire bytes / those of a float32 ring all-reduce of the same gradients (1.0 uncompressed on a ring)
+            "compression": {"name": cfg.compression.name, "ratio_vs_fp32_allreduce": self.wire_ratio},
+            "wall_time_s": self.elapsed0 + time.perf_counter() - self.t_start,
+            "versions": versions(),
+        }

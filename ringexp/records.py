@@ -1,0 +1,85 @@
+"""The files of a run directory, written and read in one place.
+
+    summary.json     the run's outcome: the full summary, or {"status": "failed", "error": ...}
+    metrics.jsonl    one JSON row per logged step (ringexp.sinks.JsonlSink appends them)
+    checkpoints/     tensors written durably (fsync) and read with torch.load(weights_only=True)
+
+`read_rows` is the one reader of metrics.jsonl (compare, resume and tests use it): a line cut short by a killed
+run is dropped, never fatal.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+METRICS, SUMMARY = "metrics.jsonl", "summary.json"
+
+
+def read_rows(run_dir) -> list:
+    """metrics.jsonl as a list of rows ([] when there is none yet); a line cut short by a kill is dropped."""
+    path = Path(run_dir) / METRICS
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def rewind(run_dir, source, step: int) -> list:
+    """metrics.jsonl of `run_dir` made the rows of `source` (the run a checkpoint came from, often the same) up to
+    `step`, rewritten atomically; a resumed run then appends without duplicate steps. Returns those rows."""
+    rows = [r for r in read_rows(source) if r["step"] <= step]
+    tmp = Path(run_dir) / f"{METRICS}.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, Path(run_dir) / METRICS)
+    return rows
+
+
+def read_summary(run_dir) -> dict:
+    return json.loads((Path(run_dir) / SUMMARY).read_text())
+
+
+def write_summary(run_dir, summary: dict) -> None:
+    """summary.json, replaced atomically: a reader sees the old one or the new one, never half of either."""
+    tmp = Path(run_dir) / f"{SUMMARY}.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, Path(run_dir) / SUMMARY)
+
+
+def mark_failed(run_dir, error: str) -> None:
+    """A summary.json that says the run failed and why; metrics.jsonl, checkpoints and logs stay as they are."""
+    write_summary(run_dir, {"status": "failed", "error": error})
+
+
+def save_tensors(path: Path, obj) -> None:
+    """torch.save, flushed to disk before returning (a checkpoint is complete only when its meta.json is)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_tensors(path: Path):
+    """Tensors and plain values only: a checkpoint from someone else cannot run code on load."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

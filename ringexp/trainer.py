@@ -1,0 +1,218 @@
+"""One rank's training: build once, then step, evaluate, checkpoint, finish.
+
+    trainer = Trainer(cfg, env, run_dir, meta)   data, model, strategy, optimizer; resumed from a checkpoint
+    summary = trainer.train()                    train_step per step; evaluate, checkpoint when due; finish
+
+What a step records and when is the Recorder's (ringexp.recorder); what parallelism means is the strategy's
+(ringexp.parallel). A step that logs nothing waits for nothing: the loss is checked on the device and read on
+logged steps only.
+"""
+
+import logging
+import os
+from contextlib import nullcontext
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ringexp import checkpoint, parallel, profiling, timing
+from ringexp import dist as rdist
+from ringexp.compress.cast import DTYPES
+from ringexp.config import AmpMode
+from ringexp.data import build_datasets
+from ringexp.data.loader import batches, loaders
+from ringexp.metrics import evaluate, state_bytes
+from ringexp.models import build_model, param_bytes
+from ringexp.optim import build_optimizer
+from ringexp.parallel.base import unwrap
+from ringexp.recorder import Recorder
+
+log = logging.getLogger("ringexp")
+
+
+def forward_backward(model, micro_batches, k: int, autocast, scaler, no_sync=None) -> torch.Tensor:
+    """k micro-batches into one optimizer step: each loss scaled by 1/k, gradients synchronised across ranks only
+    on the last micro-batch (`no_sync(sync)` gives the context for each; DDP's no_sync when None). Returns the
+    step's mean loss (detached, on the device)."""
+    no_sync = no_sync or (lambda sync: nullcontext() if sync else model.no_sync())
+    total = None
+    for i in range(k):
+        x, y = next(micro_batches)
+        with no_sync(i == k - 1):
+            with autocast():
+                logits = model(x)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), y) / k
+            scaler.scale(loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
+
+
+def amp_context(mode: AmpMode, device: torch.device):
+    if mode == AmpMode.off:
+        return nullcontext
+    return partial(torch.autocast, device.type, dtype=DTYPES[mode])
+
+
+def resume_mode(cfg):
+    """`resume` as configured; a restarted job (elastic restart, Slurm requeue) continues where it was."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) + int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    return cfg.resume or ("auto" if restarts else None)
+
+
+class Trainer:
+    def __init__(self, cfg, env, run_dir, meta: dict):
+        self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
+        self.ckpt = checkpoint.find(resume_mode(cfg), run_dir)
+        resumed = checkpoint.check(self.ckpt, cfg, env.world_size) if self.ckpt else {}
+        self.start = resumed.get("step", 0)
+        train_ds, val_ds, self.num_labels = build_datasets(cfg.data)
+        self.train_loader, self.val_loader = loaders(cfg.data, train_ds, val_ds, env.rank, env.world_size, cfg.seed,
+                                                     env.device.type == "cuda")
+        torch.manual_seed(cfg.seed)  # same initial weights on every rank, whatever the strategy
+        model = build_model(cfg.model, self.num_labels)
+        rdist.seed_everything(cfg.seed, env.rank)
+        self.strategy = parallel.build(cfg, env)
+        self.clock = timing.Clock(env.device)
+        self.comm_timer = timing.CommTimer(self.clock, self.strategy.exposure)
+        wire = self.strategy.wire_bytes([p.shape for p in model.parameters() if p.requires_grad])
+        self.recorder = Recorder(cfg, env, run_dir, meta, self.strategy, self.clock, self.comm_timer,
+                                 param_bytes(model), wire)
+        # what a batch looks like (every data set gives 3 x image_size x image_size), for DDP to settle its buckets
+        example = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=env.device)
+        self.model = self.strategy.wrap(model, self.comm_timer, example)
+        global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
+        self.opt, self.sched = build_optimizer(self.model, cfg.optim, global_batch, cfg.steps,
+                                               cfg.compression.momentum_correction)
+        self.autocast = amp_context(cfg.amp.mode, env.device)
+        self.scaler = self.strategy.grad_scaler()
+        self.pos = {"epoch": 0, "batches": 0, "skipped": 0}  # where the training stream is (checkpointed)
+        self.timer = {"data": 0.0}
+        self.stream = batches(self.train_loader, env.device, self.timer, self.pos)
+        # Counted on the device, read on logged steps: the first step whose loss was not finite (0: none yet), and
+        # the steps the fp16 GradScaler skipped (their gradients held inf/nan).
+        self.first_bad = torch.zeros((), dtype=torch.long, device=env.device)
+        self.bad_loss = torch.zeros((), device=env.device)
+        self.skipped_steps = torch.zeros((), dtype=torch.long, device=env.device)
+        self.state, self.saved, self.prof, self.profile = None, self.ckpt, None, None
+        self.resume(resumed.get("wandb_id"))
+
+    def resume(self, wandb_id) -> None:
+        """Open the records; from a checkpoint, every state it holds (the RNG last: nothing may draw after it)."""
+        source = (self.ckpt.parent.parent if self.ckpt else self.run_dir) if resume_mode(self.cfg) else None
+        self.recorder.open(self.start, source, wandb_id)
+        log.info("rank %d/%d (pid %d) on %s: %s, global batch %d", self.env.rank, self.env.world_size, os.getpid(),
+                 self.env.device, self.recorder.meta["name"], self.recorder.global_batch)
+        if not self.ckpt:
+            return
+        own = checkpoint.load(self.ckpt, self.env, self.strategy, self.model, self.opt)
+        self.sched.load_state_dict(own["scheduler"])
+        self.scaler.load_state_dict(own["scaler"])
+        self.strategy.load_state_dict(own["comm"])
+        self.pos.update(own["data"])
+        self.skipped_steps.fill_(own["skipped_steps"])
+        log.info("resumed from %s (step %d)", self.ckpt, self.start)
+        checkpoint.set_rng_state(own["rng"], self.env.device)
+
+    def train(self):
+        """Run the steps left; returns rank 0's summary (None on other ranks)."""
+        cfg, ok = self.cfg, False
+        try:
+            self.recorder.step_done(excluded=True)  # the first step's time starts here, set-up left out
+            for step in range(self.start + 1, cfg.steps + 1):
+                row = self.train_step(step)
+                excluded = False  # evaluation and checkpoints stay out of the next step's time
+                if step % cfg.eval_every == 0 or step == cfg.steps:
+                    row, excluded = (row or {}) | self.evaluate(step), True
+                if row is not None:
+                    self.recorder.write(row, step)
+                if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps:
+                    self.checkpoint(step)
+                    excluded = True
+                self.recorder.step_done(excluded)
+            ok = True
+        finally:
+            if self.prof is not None:
+                self.prof.stop()
+            self.strategy.close()
+            if not ok:
+                self.recorder.close(ok=False)
+        return self.finish()
+
+    def train_step(self, step: int):
+        """One optimizer step (accumulation, AMP, the strategy's communication); its row when it logs one."""
+        profiled = self.recorder.profiled
+        if step == profiled.start:
+            self.prof = profiling.start(self.env.device)
+        self.timer["data"] = 0.0
+        self.comm_timer.reset()
+        t0 = self.clock.now()
+        no_sync = partial(self.strategy.no_sync, self.model)
+        loss = forward_backward(self.model, self.stream, self.cfg.accumulation.steps, self.autocast, self.scaler,
+                                no_sync)
+        t1 = self.clock.now()
+        lr = self.optimizer_step(step, loss)
+        t2 = self.clock.now()
+        if self.prof is not None and step == profiled[-1]:
+            pr = self.cfg.profile
+            self.profile = profiling.finish(self.prof, self.run_dir, self.env.rank, profiled.start, step, pr.top,
+                                            self.env.device)
+            self.prof = None
+        row = self.recorder.record(step, loss, lr, (t0, t1, t2), self.timer["data"], self.pos["skipped"],
+                                   self.skipped_steps)
+        if row is not None:
+            self.check_loss(step)
+        return row
+
+    def optimizer_step(self, step: int, loss) -> float:
+        """Clip, step (through the GradScaler), schedule; returns the learning rate the step used."""
+        scaler, opt = self.scaler, self.opt
+        if self.cfg.optim.grad_clip:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        if scaler.is_enabled():  # the scaler skips a step whose gradients hold inf/nan and backs off its scale
+            scale = scaler._scale.clone()  # (on the device: get_scale() would wait for it every step)
+            scaler.step(opt)
+            scaler.update()
+            self.skipped_steps += scaler._scale < scale
+        else:  # without a scaler nothing skips a non-finite loss: remember the first, stop at the next logged step
+            opt.step()
+            bad = ~torch.isfinite(loss) & (self.first_bad == 0)
+            self.first_bad.masked_fill_(bad, step)
+            self.bad_loss = torch.where(bad, loss, self.bad_loss)
+        if self.state is None:  # what each rank holds once gradients and optimizer state exist
+            self.state = state_bytes(self.model, opt)
+        opt.zero_grad(set_to_none=True)
+        lr = self.sched.get_last_lr()[0]
+        self.sched.step()
+        return lr
+
+    def check_loss(self, now: int) -> None:
+        """Stop if a step since the start had a non-finite loss (read here, on a logged step: no sync per step)."""
+        step = int(self.first_bad)
+        if step:
+            raise FloatingPointError(f"loss is {float(self.bad_loss)} at step {step} on rank {self.env.rank} (checked "
+                                     f"at step {now}); lower optim.lr, set optim.grad_clip, or check the data")
+
+    def evaluate(self, step: int) -> dict:
+        """Validation loss, AUROC and F1 over the whole validation set (every rank its shard); their row entries."""
+        val = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device, self.autocast)
+        return self.recorder.evaluation(step, val)
+
+    def checkpoint(self, step: int) -> None:
+        own = {"rng": checkpoint.rng_state(self.env.device), "comm": self.strategy.state_dict(),
+               "data": dict(self.pos), "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
+               "skipped_steps": int(self.skipped_steps)}
+        sinks = self.recorder.sinks
+        self.saved = checkpoint.save(self.run_dir, step, self.cfg, self.env, self.strategy, self.model, self.opt, own,
+                                     sinks and sinks.wandb_id)
+
+    def finish(self):
+        """The summary (rank 0; None elsewhere), once every step has run."""
+        if self.state is None:  # resumed at the last step: nothing left to run
+            self.state = state_bytes(self.model, self.opt)
+        extra = {"skipped_steps": int(self.skipped_steps), "data_skipped_bad": self.recorder.skipped_bad,
+                 "checkpoint": str(self.saved) if self.saved else None,
+                 "resumed_from": {"checkpoint": str(self.ckpt), "step": self.start} if self.ckpt else None}
+        return self.recorder.finish(self.state, extra, self.profile)

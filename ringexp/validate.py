@@ -1,0 +1,132 @@
+"""From Hydra's composed config to the typed TrainConfig every worker gets, checked across groups.
+
+Each dataclass of ringexp.config checks its own fields when built; what spans several groups (a compressor a
+strategy cannot carry, workers the machine does not have, data that cannot fill a batch, a profile window past
+the end) is checked here, before any worker starts. Every failure is a ConfigError (DataError for data): one
+line that says what to do.
+"""
+
+import dataclasses
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ringexp import compress, parallel
+from ringexp.config import CONF_DIR, AmpMode, CompressionScope, Device, OptimName, StrategyName, TrainConfig
+from ringexp.data import check_data
+from ringexp.errors import ConfigError
+from ringexp.models import check_model
+
+
+def checked(cfg) -> TrainConfig:
+    """Hydra's composed DictConfig as a TrainConfig: fields checked, launcher resolved, groups checked together."""
+    unknown = list(unknown_keys(cfg, TrainConfig))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]} (misspelt?); `+key=value` adds keys, but only keys of "
+                          "ringexp's schema mean anything: see ringexp/config.py for the valid ones")
+    try:
+        config = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:  # e.g. a mandatory value deleted with ~key
+        raise ConfigError(f"{getattr(e, 'full_key', None) or 'config'}: {str(e).splitlines()[0]}") from None
+    resolve_launcher(config)
+    check(config)
+    return config
+
+
+def compose_config(overrides: list) -> TrainConfig:
+    """Compose and check the config without Hydra's app (no run directory): for other ranks and scripts."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return checked(compose("train", overrides=overrides))
+
+
+def unknown_keys(node, schema, prefix: str = ""):
+    """Keys that `+key=value` forced into the config although the schema has no such field."""
+    fields = {f.name: f.type for f in dataclasses.fields(schema)}
+    for key in node:
+        if key not in fields:
+            yield f"{prefix}{key}"
+        elif dataclasses.is_dataclass(fields[key]):
+            yield from unknown_keys(node[key], fields[key], f"{prefix}{key}.")
+
+
+def resolve_launcher(cfg: TrainConfig) -> None:
+    """Make `launcher.device` and `launcher.nproc_per_node` concrete, in place: the only place that looks at the
+    machine, so workers and records see the resolved values."""
+    if cfg.launcher.device == Device.auto:
+        cfg.launcher.device = Device.cuda if torch.cuda.is_available() else Device.cpu
+    if cfg.launcher.nproc_per_node is None:
+        cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == Device.cuda else 2
+
+
+def check(cfg: TrainConfig) -> None:
+    n = cfg.launcher.nproc_per_node
+    check_device(cfg)
+    if cfg.parallel.nodes is not None and n % cfg.parallel.nodes:
+        raise ConfigError(f"parallel.nodes={cfg.parallel.nodes} does not divide the {n} workers into equal nodes; "
+                          f"use a divisor of {n}")
+    parallel.check(cfg, n)
+    check_compression(cfg)
+    check_amp(cfg.amp.mode, cfg.launcher.device)
+    pr = cfg.profile
+    if pr.enabled and pr.start_step + pr.steps - 1 > cfg.steps:
+        raise ConfigError(f"profile.start_step={pr.start_step} + profile.steps={pr.steps} runs past the last step "
+                          f"({cfg.steps}); lower profile.start_step or raise steps")
+    check_model(cfg.model.name)
+    check_data(cfg.data, n)
+
+
+def check_device(cfg: TrainConfig) -> None:
+    n, device = cfg.launcher.nproc_per_node, cfg.launcher.device
+    visible = torch.cuda.device_count() if device == Device.cuda else 0
+    if device == Device.cuda and visible == 0:
+        raise ConfigError("launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
+    if device == Device.cuda and n > visible:
+        raise ConfigError(f"launcher.nproc_per_node={n} asks for more GPUs than the {visible} visible; "
+                          f"use launcher.nproc_per_node<={visible}")
+
+
+def check_compression(cfg: TrainConfig) -> None:
+    """What a compressor needs from the strategy and the optimizer (conf/compression/ lists the names)."""
+    c, strategy = cfg.compression, cfg.parallel.strategy
+    if c.name not in compress.COMPRESSORS:
+        raise ConfigError(f"compression.name={c.name}: unknown; choose from {', '.join(compress.COMPRESSORS)}")
+    m = compress.COMPRESSORS[c.name]
+    if m is None:
+        return
+    if c.name == "powersgd" and strategy != StrategyName.ddp:
+        raise ConfigError(f"compression=powersgd runs PyTorch's PowerSGD hook, which the {strategy} strategy "
+                          "cannot carry; use +parallel=ddp_powersgd")
+    if c.scope == CompressionScope.inter_node and (strategy != StrategyName.hierarchical or not m.WIRE):
+        raise ConfigError(f"compression.scope=inter_node needs +parallel=hierarchical and fp16, bf16 or int8 "
+                          f"(got strategy {strategy}, compression={c.name})")
+    if c.momentum_correction and (c.name not in compress.SPARSIFIERS or cfg.optim.name != OptimName.sgd
+                                  or not compress.error_feedback(c)):
+        raise ConfigError("compression.momentum_correction needs topk or randomk, error feedback and optim=sgd "
+                          "(it moves SGD's momentum before the compressor)")
+    # Error feedback keeps what this rank's own encoding lost. A cast summed in its own precision (PyTorch's cast
+    # hooks, gloo) and a wire format inside the hand-written collectives re-encode partial sums on the way: that
+    # error belongs to no rank, and a residual of the local encoding would correct one that never happened.
+    if compress.error_feedback(c) and m.WIRE and (strategy != StrategyName.ddp or m.sum_dtype(c) is not None):
+        raise ConfigError(f"compression.error_feedback=true with {c.name} on +parallel={strategy}: the wire carries "
+                          "re-encoded partial sums, an error no rank's residual holds; use error_feedback=false, "
+                          "or int8 on +parallel=ddp (each rank's encoding sent as it is)")
+
+
+def check_amp(mode: AmpMode, device: Device) -> None:
+    if mode == AmpMode.off:
+        return
+    dtype = torch.float16 if mode == AmpMode.fp16 else torch.bfloat16
+    if device == Device.cuda:
+        if mode == AmpMode.bf16 and not torch.cuda.is_bf16_supported():
+            raise ConfigError("amp=bf16 but this GPU has no bfloat16 support; use amp=fp16 or amp=off")
+        return
+    try:  # CPU autocast for this dtype needs a torch build that supports it
+        with torch.autocast("cpu", dtype=dtype):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        if mode == AmpMode.fp16:
+            torch.amp.GradScaler("cpu")
+    except (RuntimeError, AssertionError) as e:
+        raise ConfigError(f"amp={mode} is not supported on {device} by this torch build ({e}); "
+                          "use amp=bf16 or amp=off") from None

@@ -1,0 +1,38 @@
+"""The README's commands stay true: every `python -m ringexp.train` line in it composes and passes every check
+that runs before workers start (the whole run of each is part of the release check, not of the suite)."""
+
+import re
+import shlex
+
+import pytest
+from conftest import ROOT
+from hydra import compose, initialize_config_dir
+
+from ringexp.config import CONF_DIR
+from ringexp.train import check_argv, prepare
+
+
+def readme_commands() -> list:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    lines = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("python -m ringexp.train")]
+
+
+def first_job(args: list) -> list:
+    """The overrides of a sweep's first job (`-m key=a,b` -> `key=a`), or the overrides as they are."""
+    return [a.split("=", 1)[0] + "=" + a.split("=", 1)[1].split(",")[0] if "=" in a else a for a in args if a != "-m"]
+
+
+def test_the_readme_shows_training_commands():
+    assert len(readme_commands()) >= 5
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_every_readme_command_composes_and_validates(command, image_folder, tmp_path):
+    args = shlex.split(command)[3:]
+    args = [a.replace("/path/to/images", str(image_folder)) for a in args]
+    check_argv(args)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=first_job(args))
+    prepare(cfg, tmp_path)
