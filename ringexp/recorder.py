@@ -24,21 +24,26 @@ METRIC_KEYS = ("auroc_macro", "auroc_micro", "f1_macro", "f1_micro", "loss")
 
 
 class Recorder:
-    def __init__(self, cfg, env, run_dir, meta: dict, strategy, clock, comm_timer, grad_bytes: int, wire: int):
-        self.cfg, self.env, self.run_dir, self.meta = cfg, env, Path(run_dir), meta
-        self.strategy, self.clock, self.comm_timer = strategy, clock, comm_timer
+    def __init__(self, cfg, env, run_dir, meta: dict, strategy, grad_bytes: int, wire: int, t_start: float):
+        """`t_start`: when the run (set-up included) began, on the host clock (time.perf_counter)."""
+        self.cfg, self.env, self.run_dir, self.meta, self.strategy = cfg, env, Path(run_dir), meta, strategy
+        # The step's clock (CUDA events on GPUs) and the strategy's collectives' timer (strategy.wrap reports to it)
+        self.clock = timing.Clock(env.device)
+        self.comm_timer = timing.CommTimer(self.clock, strategy.exposure)
         self.grad_bytes, self.wire = grad_bytes, wire
         dense = comm.wire_bytes("builtin", grad_bytes, env.world_size)  # float32 all-reduce of the same gradients
         self.wire_ratio = wire / dense if dense else None
         self.global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
         pr = cfg.profile
         self.profiled = range(pr.start_step, pr.start_step + pr.steps) if pr.enabled else range(0)
-        # intervals: the steps between two rows, {"first", "last", "step_s" (their mean time), "parts" (the split of
-        # the logged step)}; the interval in progress: seconds and steps so far
+        # intervals: the steps between two rows, {"first", "last", "step_s" (their mean time), "own" (the logged
+        # step's time) and "parts" (its split)}; the interval in progress: seconds and steps so far
         self.history, self.evals, self.intervals = [], [], []
         self.interval_s, self.interval_n = 0.0, 0
         self.skipped_bad, self.elapsed0, self.sinks = 0, 0.0, None
-        self.t_start = self.t_prev = self.t_end = time.perf_counter()
+        # each step's end: on the host (intervals) and on the step's clock (the logged step's own time)
+        self.t_start, self.t_prev, self.t_end = t_start, time.perf_counter(), time.perf_counter()
+        self.m_prev = self.m_end = self.clock.now()
 
     def open(self, start: int, source, wandb_id=None) -> None:
         """Rank 0: open the sinks; a resumed run (`source`: the run directory its checkpoint came from) first takes
@@ -60,7 +65,7 @@ class Recorder:
             if "train/step_time_s" in r:
                 parts = {name: r.get(f"time/{name}") for name in timing.PARTS}
                 self.intervals.append({"first": first, "last": r["step"], "step_s": r["train/step_time_s"],
-                                       "parts": parts})
+                                       "own": r.get("time/step_s", r["train/step_time_s"]), "parts": parts})
                 first = r["step"] + 1
         self.elapsed0 = rows[-1].get("train/elapsed_s", 0.0) if rows else 0.0
 
@@ -71,6 +76,11 @@ class Recorder:
         return (step % c.logger.log_every == 0 or step == c.steps or step % c.eval_every == 0
                 or bool(c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0))
 
+    def begin_step(self):
+        """A step starts: its collectives are timed afresh; returns the clock's mark of its start."""
+        self.comm_timer.reset()
+        return self.clock.now()
+
     def record(self, step: int, loss, lr: float, marks: tuple, data_s: float, skipped: int, skipped_steps):
         """The row of a logged step, None for any other (collective: every rank calls it on every step). `marks`
         are the clock's marks at the step's start, after backward and after the optimizer; `skipped` counts the
@@ -80,36 +90,37 @@ class Recorder:
         row gives the mean over the steps since the previous row (measured on the host once the device is done:
         right on GPUs too) and the split of its own step."""
         if not self.logs(step):
-            self.add_step(time.perf_counter())
+            self.add_step()
             return None
         stats = torch.tensor([data_s, skipped], device=loss.device, dtype=torch.float64)
         stats = torch.cat([loss.double().reshape(1), stats])
         if self.env.world_size > 1:
             dist.all_reduce(stats)
         loss_sum, wait_sum, skipped_bad = stats.tolist()  # (the one host sync of a logged step)
-        n, t_end = self.env.world_size, time.perf_counter()
-        own = t_end - self.t_prev
-        self.add_step(t_end)
+        n = self.env.world_size
+        self.add_step()
         first, step_s = step - self.interval_n + 1, self.interval_s / self.interval_n
         self.interval_s, self.interval_n = 0.0, 0
         self.skipped_bad = int(skipped_bad)
         self.history.append(loss_sum / n)
         self.clock.sync()
         t0, t1, t2 = marks
+        own = self.clock.since(self.m_prev, self.m_end)  # this step alone, from the previous step's end
         split = timing.breakdown(own, data_s, self.clock.since(t0, t1), self.clock.since(t1, t2),
                                  self.comm_timer.measure(t0, t1))
-        self.intervals.append({"first": first, "last": step, "step_s": step_s, "parts": split})
+        self.intervals.append({"first": first, "last": step, "step_s": step_s, "own": own, "parts": split})
         return {"train/loss": loss_sum / n, "train/lr": lr, "train/data_wait_s": wait_sum / n,
                 "train/peak_memory_bytes": peak_memory_bytes(self.env.device), "comm/wire_bytes_per_rank": self.wire,
                 "comm/compression_ratio": self.wire_ratio, "train/skipped_steps": int(skipped_steps),
                 "data/skipped_bad": self.skipped_bad, "train/step_time_s": step_s,
                 "train/samples_per_s": self.global_batch / step_s,
-                "train/elapsed_s": self.elapsed0 + t_end - self.t_start} | {f"time/{k}": v for k, v in split.items()}
+                "train/elapsed_s": self.elapsed0 + self.t_end - self.t_start,
+                "time/step_s": own} | {f"time/{k}": v for k, v in split.items()}
 
-    def add_step(self, t_end: float) -> None:
-        """Count the step that ended at `t_end` into the interval in progress."""
-        self.t_end = t_end
-        self.interval_s += t_end - self.t_prev
+    def add_step(self) -> None:
+        """Count the step that ends now into the interval in progress."""
+        self.t_end, self.m_end = time.perf_counter(), self.clock.now()
+        self.interval_s += self.t_end - self.t_prev
         self.interval_n += 1
 
     def evaluation(self, step: int, val: dict) -> dict:
@@ -122,7 +133,10 @@ class Recorder:
 
     def step_done(self, excluded: bool) -> None:
         """The next step's time starts now; after evaluation or a checkpoint (`excluded`) it starts afresh."""
-        self.t_prev = time.perf_counter() if excluded else self.t_end
+        if excluded:
+            self.t_prev, self.m_prev = time.perf_counter(), self.clock.now()
+        else:
+            self.t_prev, self.m_prev = self.t_end, self.m_end
 
     def close(self, ok: bool) -> None:
         if self.sinks:
@@ -149,15 +163,21 @@ class Recorder:
         log.info("done: %s", json.dumps(summary["throughput"]))
         return summary
 
+    def steady(self) -> tuple:
+        """(the intervals the statistics are taken over, how many steps were left out as warm-up): intervals that
+        begin after throughput_warmup (all, if none does), the profiler's (and its overhead's) left out."""
+        usable = [iv for iv in self.intervals if not self.profiled or iv["last"] < self.profiled.start
+                  or iv["first"] > self.profiled[-1]]
+        steady = [iv for iv in usable if iv["first"] > self.cfg.throughput_warmup] or usable
+        return steady, sum(iv["last"] - iv["first"] + 1 for iv in usable if iv not in steady)
+
     def summary(self, memory: dict) -> dict:
         cfg, env, meta = self.cfg, self.env, self.meta
-        usable = [iv for iv in self.intervals if not self.profiled or iv["last"] < self.profiled.start
-                  or iv["first"] > self.profiled[-1]]  # the profiler's own overhead stays out of the statistics
-        steady = [iv for iv in usable if iv["first"] > cfg.throughput_warmup] or usable
+        steady, warmup = self.steady()
         times = [iv["step_s"] for iv in steady]
-        time_split = {"step_s": median(times)} | {name: median([iv["parts"][name] for iv in steady
-                                                                if iv["parts"][name] is not None])
-                                                        for name in timing.PARTS}
+        # medians of the logged steps' own time and its parts (the parts are relative to it, not to the means)
+        parts = {name: [iv["parts"][name] for iv in steady if iv["parts"][name] is not None] for name in timing.PARTS}
+        time_split = {"step_s": median([iv["own"] for iv in steady])} | {k: median(v) for k, v in parts.items()}
         final = self.evals[-1] if self.evals else {}
         best = max(self.evals, key=lambda e: e["auroc_macro"]) if self.evals else {}
         return {
@@ -168,7 +188,7 @@ class Recorder:
             "steps": cfg.steps, "global_batch_size": self.global_batch, "accumulation_steps": cfg.accumulation.steps,
             # Median and spread of global samples/s over the steady intervals between rows (warm-up steps left out).
             "throughput": spread([self.global_batch / t for t in times])
-            | {"warmup_steps_excluded": sum(iv["last"] - iv["first"] + 1 for iv in usable if iv not in steady)},
+            | {"warmup_steps_excluded": warmup},
             "step_time_s": spread(times),
             "loss": {"first": self.history[0] if self.history else None,
                      "last": self.history[-1] if self.history else None},

@@ -10,6 +10,7 @@ logged steps only.
 
 import logging
 import os
+import time
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ringexp import checkpoint, parallel, profiling, timing
+from ringexp import checkpoint, parallel, profiling
 from ringexp import dist as rdist
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
@@ -63,6 +64,7 @@ def resume_mode(cfg):
 
 class Trainer:
     def __init__(self, cfg, env, run_dir, meta: dict):
+        t_start = time.perf_counter()
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
         self.ckpt = checkpoint.find(resume_mode(cfg), run_dir)
         resumed = checkpoint.check(self.ckpt, cfg, env.world_size) if self.ckpt else {}
@@ -74,14 +76,12 @@ class Trainer:
         model = build_model(cfg.model, self.num_labels)
         rdist.seed_everything(cfg.seed, env.rank)
         self.strategy = parallel.build(cfg, env)
-        self.clock = timing.Clock(env.device)
-        self.comm_timer = timing.CommTimer(self.clock, self.strategy.exposure)
         wire = self.strategy.wire_bytes([p.shape for p in model.parameters() if p.requires_grad])
-        self.recorder = Recorder(cfg, env, run_dir, meta, self.strategy, self.clock, self.comm_timer,
-                                 param_bytes(model), wire)
+        self.recorder = Recorder(cfg, env, run_dir, meta, self.strategy, param_bytes(model), wire, t_start)
+        self.clock = self.recorder.clock
         # what a batch looks like (every data set gives 3 x image_size x image_size), for DDP to settle its buckets
         example = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=env.device)
-        self.model = self.strategy.wrap(model, self.comm_timer, example)
+        self.model = self.strategy.wrap(model, self.recorder.comm_timer, example)
         global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
         self.opt, self.sched = build_optimizer(self.model, cfg.optim, global_batch, cfg.steps,
                                                cfg.compression.momentum_correction)
@@ -99,21 +99,22 @@ class Trainer:
         self.resume(resumed.get("wandb_id"))
 
     def resume(self, wandb_id) -> None:
-        """Open the records; from a checkpoint, every state it holds (the RNG last: nothing may draw after it)."""
+        """From a checkpoint, every state it holds; then open the records (a checkpoint that fails to load leaves
+        them as they were); the RNG last: nothing may draw from it after."""
+        own = checkpoint.load(self.ckpt, self.env, self.strategy, self.model, self.opt) if self.ckpt else None
+        if own is not None:
+            self.sched.load_state_dict(own["scheduler"])
+            self.scaler.load_state_dict(own["scaler"])
+            self.strategy.load_state_dict(own["comm"])
+            self.pos.update(own["data"])
+            self.skipped_steps.fill_(own["skipped_steps"])
         source = (self.ckpt.parent.parent if self.ckpt else self.run_dir) if resume_mode(self.cfg) else None
         self.recorder.open(self.start, source, wandb_id)
         log.info("rank %d/%d (pid %d) on %s: %s, global batch %d", self.env.rank, self.env.world_size, os.getpid(),
                  self.env.device, self.recorder.meta["name"], self.recorder.global_batch)
-        if not self.ckpt:
-            return
-        own = checkpoint.load(self.ckpt, self.env, self.strategy, self.model, self.opt)
-        self.sched.load_state_dict(own["scheduler"])
-        self.scaler.load_state_dict(own["scaler"])
-        self.strategy.load_state_dict(own["comm"])
-        self.pos.update(own["data"])
-        self.skipped_steps.fill_(own["skipped_steps"])
-        log.info("resumed from %s (step %d)", self.ckpt, self.start)
-        checkpoint.set_rng_state(own["rng"], self.env.device)
+        if own is not None:
+            log.info("resumed from %s (step %d)", self.ckpt, self.start)
+            checkpoint.set_rng_state(own["rng"], self.env.device)
 
     def train(self):
         """Run the steps left; returns rank 0's summary (None on other ranks)."""
@@ -146,8 +147,7 @@ class Trainer:
         if step == profiled.start:
             self.prof = profiling.start(self.env.device)
         self.timer["data"] = 0.0
-        self.comm_timer.reset()
-        t0 = self.clock.now()
+        t0 = self.recorder.begin_step()
         no_sync = partial(self.strategy.no_sync, self.model)
         loss = forward_backward(self.model, self.stream, self.cfg.accumulation.steps, self.autocast, self.scaler,
                                 no_sync)

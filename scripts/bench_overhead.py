@@ -2,7 +2,7 @@
 
 In one elastic job of `launcher.nproc_per_node` workers, alternately (ABBA order, so a slow drift of the
 machine does not favour either side), the same processes run (a) ringexp's worker loop exactly as
-`python -m ringexp.train` runs it (records every step, W&B offline, evaluation) and (b) a minimal DDP loop
+`python -m ringexp.train` runs it (its rows, W&B offline, evaluation) and (b) a minimal DDP loop
 written the way a user would (DistributedSampler, DataLoader, DDP, AdamW, nothing else) on the same model,
 data, batch size and threads. Both are timed the same way: each step end to end (from the end of one step to
 the end of the next, data loading included), averaged over the intervals of `logger.log_every` steps between

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ringexp.config import CONF_DIR, StrategyName, TrainConfig, plain
+from ringexp.config import CONF_DIR, BenchConfig, StrategyName, TrainConfig, plain
 from ringexp.errors import ConfigError
 from ringexp.validate import checked as validate
 from ringexp.validate import compose_config
@@ -105,11 +105,13 @@ IDENTITY = {"model": "name", "data": "name", "compression": "name", "accumulatio
             "optim": "name", "logger": "mode", "parallel": "strategy"}
 
 
-def test_the_default_config_is_the_schemas_defaults():
-    """One source of defaults: train.yaml and its default options add nothing to the dataclasses' values."""
+@pytest.mark.parametrize("name,schema", [("train", TrainConfig), ("bench", BenchConfig)])
+def test_the_default_config_is_the_schemas_defaults(name, schema):
+    """One source of defaults: train.yaml, bench.yaml and their default options add nothing to the dataclasses'
+    values."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = OmegaConf.to_object(compose("train"))
-    assert cfg == TrainConfig()
+        cfg = OmegaConf.to_object(compose(name))
+    assert cfg == schema()
 
 
 @pytest.mark.parametrize("group", list(IDENTITY))

@@ -2,8 +2,10 @@
 best effort (a failure warns once and that sink drops out), and W&B keeps logging after a flush."""
 
 import glob
+import os
 
 import pytest
+import wandb
 from conftest import history_and_summary
 
 from ringexp import records
@@ -42,7 +44,18 @@ def test_a_row_metrics_jsonl_cannot_take_stops_the_run_naming_the_file(tmp_path)
     assert [r["step"] for r in records.read_rows(tmp_path)] == [1]
 
 
-def test_wandb_keeps_logging_after_a_flush(tmp_path):
+@pytest.fixture
+def wandb_here():
+    """W&B in this (pytest's) process: afterwards its service is torn down and the environment restored, or every
+    later run of the CLI would inherit WANDB_SERVICE and log through this process's service."""
+    environ = dict(os.environ)
+    yield
+    wandb.teardown()
+    os.environ.clear()
+    os.environ.update(environ)
+
+
+def test_wandb_keeps_logging_after_a_flush(tmp_path, wandb_here):
     """summary() and artifact() wait for the queued rows; rows logged after them must reach the run too."""
     meta = {"name": "flush", "group": "flush", "job_type": "test", "choices": {}}
     sink = WandbSink.open(plain(TrainConfig()), tmp_path, meta)

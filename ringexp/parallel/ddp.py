@@ -82,11 +82,13 @@ class DDPStrategy(Strategy):
         return None
 
     def load_state_dict(self, state) -> None:
+        """A state this run has no use for (none saved, or saved by another hook of the same compressor, such as
+        the ring's fp16 resumed by DDP's cast hook) is left aside, as a run without it would."""
         if state is None:
             return
         if self.powersgd is not None:
             powersgd.load_state_dict(self.powersgd, state)
-        else:
+        elif self.hook_state is not None and self.hook_state.compressor is not None:
             self.hook_state.compressor.load_state_dict(state)
 
     def close(self) -> None:

@@ -62,6 +62,8 @@ class WandbSink:
                 if item is None:
                     return
                 self._safely(self.run.log if self.run else None, *item)
+            except BaseException:  # never leave a queued row unfinished: a flush would wait for it forever
+                self.run = None
             finally:
                 self.rows.task_done()
 
@@ -110,6 +112,8 @@ class WandbSink:
             self._safely(self.run.log_artifact, str(path), f"{kind}-{self.run.id}", kind)
 
     def close(self, ok: bool = True) -> None:
+        if not self.thread.is_alive():  # closed already
+            return
         self._flush()
         if self.run is not None:
             self._safely(self.run.finish, 0 if ok else 1)
@@ -118,4 +122,5 @@ class WandbSink:
 
     def _flush(self) -> None:
         """Wait until every row queued so far is logged; the drain thread stays, for rows logged later."""
-        self.rows.join()
+        if self.thread.is_alive():
+            self.rows.join()
