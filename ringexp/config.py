@@ -184,8 +184,8 @@ class LoggerConfig:
     mode: WandbMode = WandbMode.offline
     project: str = "ringexp"
     entity: Optional[str] = None
-    # Steps between rows in metrics.jsonl / W&B. A row costs an all-reduce and W&B's CPU (about 4% of a default
-    # step on 2 cores, docs/results/overhead.md); the steps between rows cost what a plain loop's do.
+    # Steps between rows in metrics.jsonl / W&B. A row costs an all-reduce and W&B's CPU (3% of a default step
+    # when every step writes one, on 2 cores: docs/results/overhead.md); the steps between rows do neither.
     log_every: int = 10
     init_timeout_s: float = 60.0  # online: how long to try reaching W&B before falling back to offline records
 

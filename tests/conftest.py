@@ -62,12 +62,12 @@ def image_folder(tmp_path):
     return make_image_folder(tmp_path / "images")
 
 
-def make_image_folder(root: Path) -> Path:
-    """A small real image folder with a labels CSV: 3 labels, 24 PNG images."""
+def make_image_folder(root: Path, n: int = 24) -> Path:
+    """A small real image folder with a labels CSV: 3 labels, n PNG images."""
     root.mkdir(parents=True)
     rng = np.random.default_rng(0)
     lines = ["path,cat,dog,bird"]
-    for i in range(24):
+    for i in range(n):
         Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(root / f"img{i}.png")
         lines.append(f"img{i}.png," + ",".join(str(int(v)) for v in rng.integers(0, 2, 3)))
     (root / "labels.csv").write_text("\n".join(lines) + "\n")

@@ -44,6 +44,8 @@ CASES = {
     "cuda without GPUs": (lambda f: ["launcher.device=cuda"], "no GPU is visible"),
     "image folder missing": (lambda f: ["data=image_folder", f"data.root={f}/nope"], "image folder not found"),
     "image folder empty": (lambda f: ["data=image_folder", f"data.root={f}"], "holds no images"),
+    "csv too short for a batch": (lambda f: ["data=image_folder", f"data.root={f}"],  # 24 images, batch 32
+                                  "22 training images (after data.val_fraction=0.1) cannot fill one batch of 32"),
     "csv lacks columns": (
         lambda f: ["data=image_folder", "data.root=" + str(bad_csv(f, "path,cat\nimg0.png,1\n")),
                    "data.label_columns=[cat,dog]"],

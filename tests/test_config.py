@@ -27,7 +27,7 @@ def composed(overrides):
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_group_option_composes_and_validates(group, option, image_folder):
-    root = [f"data.root={image_folder}"] if option == "image_folder" else []
+    root = [f"data.root={image_folder}", "data.batch_size=4"] if option == "image_folder" else []
     cfg = validate(composed([f"{group}={option}", *root]))
     assert getattr(cfg, group) is not None
 

@@ -5,7 +5,7 @@ import re
 import shlex
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, make_image_folder
 from hydra import compose, initialize_config_dir
 
 from ringexp.config import CONF_DIR
@@ -29,9 +29,11 @@ def test_the_readme_shows_training_commands():
 
 
 @pytest.mark.parametrize("command", readme_commands())
-def test_every_readme_command_composes_and_validates(command, image_folder, tmp_path):
+def test_every_readme_command_composes_and_validates(command, tmp_path):
     args = shlex.split(command)[3:]
-    args = [a.replace("/path/to/images", str(image_folder)) for a in args]
+    if any("/path/to/images" in a for a in args):  # enough images for a batch of 32 on each of 2 workers
+        folder = make_image_folder(tmp_path / "images", n=80)
+        args = [a.replace("/path/to/images", str(folder)) for a in args]
     check_argv(args)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=first_job(args))

@@ -17,7 +17,7 @@ def check_data(cfg, world_size: int) -> None:
             raise ConfigError(f"data.train_size={cfg.train_size} cannot fill one batch of {cfg.batch_size} "
                               f"on each of {world_size} workers; raise data.train_size or lower data.batch_size")
     elif cfg.name == "image_folder":
-        check_image_folder(cfg)
+        check_image_folder(cfg, world_size)
     else:
         raise ConfigError(f"data.name={cfg.name} is unknown; use data=synthetic or data=image_folder")
 

@@ -60,7 +60,8 @@ def read_labels(cfg):
     return paths, wanted, labels
 
 
-def check_image_folder(cfg) -> None:
+def check_image_folder(cfg, world_size: int) -> None:
+    """The folder, its CSV, and enough training images for one batch on every worker (DataError otherwise)."""
     if not cfg.root:
         raise DataError("data=image_folder needs data.root=FOLDER (images plus labels.csv)")
     root = Path(cfg.root)
@@ -68,7 +69,17 @@ def check_image_folder(cfg) -> None:
         raise DataError(f"{root}: image folder not found; set data.root to a folder of images")
     if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in root.rglob("*")):
         raise DataError(f"{root}: the folder holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-    read_labels(cfg)
+    n = len(read_labels(cfg)[0])
+    n_train = n - val_count(n, cfg.val_fraction)
+    if n_train < cfg.batch_size * world_size:
+        raise DataError(f"{csv_path(cfg)}: {n_train} training images (after data.val_fraction={cfg.val_fraction}) "
+                        f"cannot fill one batch of {cfg.batch_size} on each of {world_size} workers; lower "
+                        "data.batch_size or add images")
+
+
+def val_count(n: int, val_fraction: float) -> int:
+    """Images held out for validation: at least one."""
+    return max(1, int(round(n * val_fraction)))
 
 
 class ImageFolderMultiLabel(Dataset):
@@ -104,5 +115,5 @@ def image_folder_splits(cfg):
     paths, names, labels = read_labels(cfg)
     ds = ImageFolderMultiLabel(cfg.root, paths, labels, cfg.image_size, cfg.skip_bad)
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    n_val = max(1, int(round(len(ds) * cfg.val_fraction)))
+    n_val = val_count(len(ds), cfg.val_fraction)
     return Subset(ds, order[n_val:]), Subset(ds, order[:n_val]), len(names)

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ringexp.data import collate
+from ringexp.errors import DataError
 
 
 class Sampler(DistributedSampler):
@@ -32,7 +33,8 @@ def loaders(cfg, train_ds, val_ds, rank: int, world_size: int, seed: int, cuda: 
     train = DataLoader(train_ds, batch_size=bs, sampler=sampler, drop_last=True,
                        generator=torch.Generator().manual_seed(seed), **kw)
     if len(train) == 0:
-        raise RuntimeError(f"data: {len(train_ds)} training samples cannot fill one batch of {bs} per rank")
+        raise DataError(f"data: {len(train_ds)} training samples cannot fill one batch of {bs} per rank; lower "
+                        "data.batch_size")
     # A disjoint shard per rank (not DistributedSampler, which pads): each validation sample counts once.
     val = DataLoader(Subset(val_ds, range(rank, len(val_ds), world_size)), batch_size=2 * bs,
                      generator=torch.Generator().manual_seed(seed), **kw)
