@@ -60,8 +60,15 @@ def mark_failed(run_dir, error: str) -> None:
 def save_tensors(path: Path, obj) -> None:
     """torch.save, flushed to disk before returning (a checkpoint is complete only when its meta.json is)."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
+        try:
+            torch.save(obj, f)
+            f.flush()
+        except RuntimeError:
+            # torch's zip writer reports a write that failed (a full disk) as a position mismatch ("unexpected
+            # pos"); one more byte asks the file system itself, whose error says what to do.
+            f.write(b"\0")
+            f.flush()
+            raise
         os.fsync(f.fileno())
 
 
