@@ -69,27 +69,27 @@ class Recorder:
                 first = r["step"] + 1
         self.elapsed0 = rows[-1].get("train/elapsed_s", 0.0) if rows else 0.0
 
-    def logs(self, step: int) -> bool:
-        """Every logger.log_every steps, the last step, and every step that evaluates or checkpoints (so that no
-        interval's time holds an evaluation, and a resumed run's rows continue from its checkpoint's)."""
-        c = self.cfg
-        return (step % c.logger.log_every == 0 or step == c.steps or step % c.eval_every == 0
-                or bool(c.checkpoint.every_steps and step % c.checkpoint.every_steps == 0))
+    def logs(self, step: int, due: bool = False) -> bool:
+        """Every logger.log_every steps, and every step that is `due` to evaluate or checkpoint (the last among
+        them): no interval's time then holds an evaluation, and a resumed run's rows continue from its checkpoint's."""
+        return due or step % self.cfg.logger.log_every == 0
 
     def begin_step(self):
         """A step starts: its collectives are timed afresh; returns the clock's mark of its start."""
         self.comm_timer.reset()
         return self.clock.now()
 
-    def record(self, step: int, loss, lr: float, marks: tuple, data_s: float, skipped: int, skipped_steps):
+    def record(self, step: int, loss, lr: float, marks: tuple, data_s: float, skipped: int, skipped_steps,
+               due: bool = False):
         """The row of a logged step, None for any other (collective: every rank calls it on every step). `marks`
         are the clock's marks at the step's start, after backward and after the optimizer; `skipped` counts the
-        samples this rank's loader dropped as unreadable since the run began.
+        samples this rank's loader dropped as unreadable since the run began; `due`: the step evaluates or
+        checkpoints.
 
         Step time is end to end (data, compute, communication, logging), evaluation and checkpoints left out; a
         row gives the mean over the steps since the previous row (measured on the host once the device is done:
         right on GPUs too) and the split of its own step."""
-        if not self.logs(step):
+        if not self.logs(step, due):
             self.add_step()
             return None
         stats = torch.tensor([data_s, skipped], device=loss.device, dtype=torch.float64)

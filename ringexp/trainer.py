@@ -33,11 +33,10 @@ from ringexp.recorder import Recorder
 log = logging.getLogger("ringexp")
 
 
-def forward_backward(model, micro_batches, k: int, autocast, scaler, no_sync=None) -> torch.Tensor:
+def forward_backward(model, micro_batches, k: int, autocast, scaler, no_sync) -> torch.Tensor:
     """k micro-batches into one optimizer step: each loss scaled by 1/k, gradients synchronised across ranks only
-    on the last micro-batch (`no_sync(sync)` gives the context for each; DDP's no_sync when None). Returns the
-    step's mean loss (detached, on the device)."""
-    no_sync = no_sync or (lambda sync: nullcontext() if sync else model.no_sync())
+    on the last micro-batch (`no_sync(sync)` gives the context for each: the strategy's). Returns the step's mean
+    loss (detached, on the device)."""
     total = None
     for i in range(k):
         x, y = next(micro_batches)
@@ -66,7 +65,8 @@ class Trainer:
     def __init__(self, cfg, env, run_dir, meta: dict):
         t_start = time.perf_counter()
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
-        self.ckpt = checkpoint.find(resume_mode(cfg), run_dir)
+        self.mode = resume_mode(cfg)
+        self.ckpt = checkpoint.find(self.mode, run_dir)
         resumed = checkpoint.check(self.ckpt, cfg, env.world_size) if self.ckpt else {}
         self.start = resumed.get("step", 0)
         train_ds, val_ds, self.num_labels = build_datasets(cfg.data)
@@ -82,6 +82,7 @@ class Trainer:
         # what a batch looks like (every data set gives 3 x image_size x image_size), for DDP to settle its buckets
         example = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=env.device)
         self.model = self.strategy.wrap(model, self.recorder.comm_timer, example)
+        self.no_sync = partial(self.strategy.no_sync, self.model)
         global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
         self.opt, self.sched = build_optimizer(self.model, cfg.optim, global_batch, cfg.steps,
                                                cfg.compression.momentum_correction)
@@ -108,7 +109,7 @@ class Trainer:
             self.strategy.load_state_dict(own["comm"])
             self.pos.update(own["data"])
             self.skipped_steps.fill_(own["skipped_steps"])
-        source = (self.ckpt.parent.parent if self.ckpt else self.run_dir) if resume_mode(self.cfg) else None
+        source = (self.ckpt.parent.parent if self.ckpt else self.run_dir) if self.mode else None
         self.recorder.open(self.start, source, wandb_id)
         log.info("rank %d/%d (pid %d) on %s: %s, global batch %d", self.env.rank, self.env.world_size, os.getpid(),
                  self.env.device, self.recorder.meta["name"], self.recorder.global_batch)
@@ -122,16 +123,17 @@ class Trainer:
         try:
             self.recorder.step_done(excluded=True)  # the first step's time starts here, set-up left out
             for step in range(self.start + 1, cfg.steps + 1):
-                row = self.train_step(step)
-                excluded = False  # evaluation and checkpoints stay out of the next step's time
-                if step % cfg.eval_every == 0 or step == cfg.steps:
-                    row, excluded = (row or {}) | self.evaluate(step), True
+                evaluates = step % cfg.eval_every == 0 or step == cfg.steps
+                saves = bool(cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps
+                row = self.train_step(step, due=evaluates or saves)
+                if evaluates:
+                    row |= self.evaluate(step)
                 if row is not None:
                     self.recorder.write(row, step)
-                if (cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps:
+                if saves:
                     self.checkpoint(step)
-                    excluded = True
-                self.recorder.step_done(excluded)
+                # evaluation and checkpoints stay out of the next step's time
+                self.recorder.step_done(excluded=evaluates or saves)
             ok = True
         finally:
             if self.prof is not None:
@@ -141,16 +143,16 @@ class Trainer:
                 self.recorder.close(ok=False)
         return self.finish()
 
-    def train_step(self, step: int):
-        """One optimizer step (accumulation, AMP, the strategy's communication); its row when it logs one."""
+    def train_step(self, step: int, due: bool = False):
+        """One optimizer step (accumulation, AMP, the strategy's communication); its row when it logs one (always
+        when `due` to evaluate or checkpoint)."""
         profiled = self.recorder.profiled
         if step == profiled.start:
             self.prof = profiling.start(self.env.device)
         self.timer["data"] = 0.0
         t0 = self.recorder.begin_step()
-        no_sync = partial(self.strategy.no_sync, self.model)
         loss = forward_backward(self.model, self.stream, self.cfg.accumulation.steps, self.autocast, self.scaler,
-                                no_sync)
+                                self.no_sync)
         t1 = self.clock.now()
         lr = self.optimizer_step(step, loss)
         t2 = self.clock.now()
@@ -160,7 +162,7 @@ class Trainer:
                                             self.env.device)
             self.prof = None
         row = self.recorder.record(step, loss, lr, (t0, t1, t2), self.timer["data"], self.pos["skipped"],
-                                   self.skipped_steps)
+                                   self.skipped_steps, due)
         if row is not None:
             self.check_loss(step)
         return row

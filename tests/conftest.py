@@ -82,7 +82,7 @@ def strategy_cfg(strategy: str, world: int, **parallel_overrides):
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **parallel_overrides))
 
 
-def train_steps(model, opt, rank: int, k: int, steps: int, no_sync=None):
+def train_steps(model, opt, rank: int, k: int, steps: int, no_sync):
     """`steps` optimizer steps of k micro-batches of random data (per-rank, same for every strategy): the
     losses and the whole gradients (FSDP's shards gathered) of every step, and the bytes of parameters,
     gradients and optimizer state the rank held after the first."""

@@ -25,7 +25,8 @@ def grads_after(model, x, y, k):
     calls = {"calls": 0}
     ddp.register_comm_hook(calls, counting_allreduce)
     micro = iter(zip(x.chunk(k), y.chunk(k), strict=True))
-    loss = forward_backward(ddp, micro, k, nullcontext, torch.amp.GradScaler("cpu", enabled=False))
+    loss = forward_backward(ddp, micro, k, nullcontext, torch.amp.GradScaler("cpu", enabled=False),
+                            lambda sync: nullcontext() if sync else ddp.no_sync())
     return [p.grad.clone() for p in ddp.parameters()], float(loss), calls["calls"]
 
 
