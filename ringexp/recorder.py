@@ -196,7 +196,7 @@ class Recorder:
             "best": {k: best.get(k) for k in METRIC_KEYS} | {"step": best.get("step")},
             "val_samples": final.get("samples"),
             # medians over the steady steps; ringexp.timing says how each part is measured
-            "time": time_split | {"verdict": timing.verdict(time_split, self.strategy.tips(cfg.amp.mode))},
+            "time": time_split | {"verdict": timing.verdict(time_split, self.strategy.tips(cfg))},
             "peak_memory_bytes": memory["peak_bytes"], "memory": memory,
             "grad_bytes": self.grad_bytes, "wire_bytes_per_rank_per_step": self.wire,
             "wire_bytes_basis": self.strategy.wire_note(),

@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, read_rows, read_summary, run_cli, wandb_records
+from conftest import TINY, read_rows, read_summary, run_cli, strategy_cfg, wandb_records
 
 from ringexp import comm
-from ringexp.config import AmpMode
 from ringexp.launch import elastic, run_worker
 from ringexp.parallel import STRATEGIES
 from ringexp.timing import union_length, verdict
@@ -27,13 +26,27 @@ def test_union_length_counts_overlapping_spans_once():
     assert union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
 
 
+def test_the_advice_depends_on_what_was_run():
+    def tips(*overrides):
+        cfg = compose_config(list(overrides))
+        return STRATEGIES[cfg.parallel.strategy].tips(cfg)
+    assert "+parallel=ring" not in tips("+parallel=ring") and "hierarchical" in tips("+parallel=ring")
+    assert "+parallel=ring (rank 0 of the parameter server" in tips("+parallel=naive")
+    fp16 = tips("+parallel=ring_fp16")
+    assert "compression=int8 or topk" in fp16 and "fp16 or bf16" not in fp16
+    assert "compression" not in tips("+parallel=ddp_topk")
+    assert tips("+parallel=ddp", "accumulation.steps=4").endswith("or accumulation.steps=8 (now 4)")
+    assert tips("+parallel=fsdp", "parallel.reshard_after_forward=false", "amp=bf16", "parallel.forward_prefetch=1") \
+        == "accumulation.steps=2 (now 1)"
+
+
 def test_verdict_is_computed_from_the_measured_parts():
     t = {"step_s": 0.2, "comm_s": 0.084, "exposed_comm_s": 0.0546, "overlap": 0.35, "data_s": 0.0}
-    ddp, fsdp = STRATEGIES["ddp"].tips(AmpMode.off), STRATEGIES["fsdp"].tips(AmpMode.off)
-    assert verdict(t, ddp) == ("communication is 42% of step time, overlap 35% (< 60%): try parallel.bucket_cap_mb, "
-                               "+parallel=ring, compression or accumulation")
+    ddp, fsdp = STRATEGIES["ddp"].tips(strategy_cfg("ddp", 2)), STRATEGIES["fsdp"].tips(strategy_cfg("fsdp", 2))
+    assert verdict(t, ddp) == ("communication is 42% of step time, overlap 35% (< 60%): try parallel.bucket_cap_mb "
+                               "(now 25), compression=fp16 or bf16 or accumulation.steps=2 (now 1)")
     assert "reshard_after_forward=false" in verdict(t, fsdp) and "amp=bf16" in verdict(t, fsdp)
-    assert "amp=bf16" not in verdict(t, STRATEGIES["fsdp"].tips(AmpMode.bf16))
+    assert "amp=bf16" not in verdict(t, STRATEGIES["fsdp"].tips(compose_config(["+parallel=fsdp", "amp=bf16"])))
     hidden = t | {"exposed_comm_s": 0.0168, "overlap": 0.8}
     assert verdict(hidden, ddp) == ("communication is 42% of step time, overlap 80% (>= 60%): communication is "
                                       "mostly hidden behind compute")

@@ -47,9 +47,20 @@ class Strategy:
         return "bytes each rank sends with the chosen algorithm"
 
     @staticmethod
-    def tips(amp: AmpMode) -> str:
-        """What to try when communication is exposed (the time verdict)."""
-        return "parallel.bucket_cap_mb, +parallel=ring, compression or accumulation"
+    def tips(cfg) -> str:
+        """What to try when communication is exposed (the time verdict), from what this run used."""
+        p, c, k = cfg.parallel, cfg.compression, cfg.accumulation.steps
+        tips = [f"parallel.bucket_cap_mb (now {p.bucket_cap_mb:g})"]
+        if p.strategy == "naive":
+            tips.append("+parallel=ring (rank 0 of the parameter server carries every buffer)")
+        elif p.strategy == "ring":
+            tips.append("+parallel=hierarchical where ranks span several nodes")
+        if c.name == "none":
+            tips.append("compression=fp16 or bf16")
+        elif c.name in ("fp16", "bf16"):
+            tips.append("compression=int8 or topk")
+        tips.append(f"accumulation.steps={2 * k} (now {k})")
+        return ", ".join(tips[:-1]) + " or " + tips[-1]
 
     def save(self, path, model, opt) -> None:
         """Write model and optimizer into checkpoint directory `path` (collective: every rank calls it). Every rank

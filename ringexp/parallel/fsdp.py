@@ -75,9 +75,13 @@ class FSDPStrategy(Strategy):
                 else "gloo: reduce-scatter sent as a full all-reduce (about 2x NCCL's gradient traffic)")
 
     @staticmethod
-    def tips(amp: AmpMode) -> str:
-        return ("parallel.reshard_after_forward=false, parallel.forward_prefetch, "
-                + ("amp=bf16 or " if amp == AmpMode.off else "") + "accumulation")
+    def tips(cfg) -> str:
+        p, k = cfg.parallel, cfg.accumulation.steps
+        tips = ["parallel.reshard_after_forward=false"] if p.reshard_after_forward else []
+        tips += ["parallel.forward_prefetch=1"] if not p.forward_prefetch else []
+        tips += ["amp=bf16"] if cfg.amp.mode == AmpMode.off else []
+        tips.append(f"accumulation.steps={2 * k} (now {k})")
+        return ", ".join(tips[:-1]) + " or " + tips[-1] if len(tips) > 1 else tips[0]
 
     def save(self, path, model, opt) -> None:
         msd, osd = get_state_dict(model, opt)
