@@ -16,7 +16,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing torch and ringexp into $VENV (a few minutes the first time; log: $VENV/setup.log)" >&2
   pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
   # torch first, pinned: these builds are on the local disk; an unpinned torch would download gigabytes.
-  if ! { "${pip[@]}" torch==2.14.1 torchvision==0.29.1 && "${pip[@]}" -e "$ROOT[dev,slurm]"; } \
+  if ! { "${pip[@]}" torch==2.14.1 torchvision==0.29.1 && "${pip[@]}" -e "$ROOT[dev,slurm,lightning]"; } \
       > "$VENV/setup.log" 2>&1; then
     tail -n 30 "$VENV/setup.log" >&2
     echo "[setup] failed; see $VENV/setup.log" >&2

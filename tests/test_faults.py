@@ -32,7 +32,8 @@ def ring_member(rank: int, world: int, port: int, algorithm: str, results):
         for step in range(1000):
             if rank == world - 1 and step == 3:
                 os.kill(os.getpid(), signal.SIGKILL)  # dies between two of its sends
-            comm.all_reduce(x, algorithm, timeout_s=TIMEOUT_S, nodes=2, segment_bytes=64 << 10)
+            comm.all_reduce(x, algorithm, **comm.options_for(algorithm, {
+                "timeout_s": TIMEOUT_S, "nodes": 2, "segment_bytes": 64 << 10}))
             x.fill_(1)
         results.put((rank, "finished", 0.0))
     except Exception as e:

@@ -2,10 +2,16 @@
 
 import torch.distributed as dist
 
+OPTIONS = ()  # all_reduce's options (ringexp.comm refuses others)
+
 
 def all_reduce(tensor, group=None, **_options):
     if dist.get_world_size(group) > 1 and tensor.numel():
-        dist.all_reduce(tensor, group=group)
+        t = tensor.detach()
+        flat = t if t.is_contiguous() else t.contiguous()  # gloo sums a strided view's storage, not the view
+        dist.all_reduce(flat, group=group)
+        if flat is not t:
+            t.copy_(flat)
     return tensor
 
 

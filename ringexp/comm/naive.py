@@ -3,73 +3,89 @@ sums and sends the result back to each rank. Rank 0 moves 2(n-1) buffers while t
 link is the bottleneck, and it grows with n, which is the point of showing it next to the ring.
 
 With a `wire` format (ringexp.compress), workers send encoded buffers, rank 0 decodes and sums in float32 and
-sends the sum back encoded once (keeping the decoded value itself, so every rank ends with the same numbers)."""
+sends the sum back encoded once (keeping the decoded value itself, so every rank ends with the same numbers).
+The two halves, gather_sum and send_back, are also hierarchical's leader variant inside a node."""
 
 import torch
-import torch.distributed as dist
 
-from ringexp.comm.p2p import finish, global_rank, irecv, isend, wait, work_copy
+from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
 
-
-def _recv_error(step: str, src: int, group) -> str:
-    return f"naive all-reduce: {step}: nothing from rank {global_rank(group, src)}"
+OPTIONS = ("timeout_s", "wire")  # all_reduce's options (ringexp.comm refuses others)
 
 
-def _send_error(step: str, dst: int, group) -> str:
-    return f"naive all-reduce: {step}: rank {global_rank(group, dst)} did not take our data"
+def _recv_error(name: str, step: str, src: int, group) -> str:
+    return f"{name}: {step}: nothing from rank {global_rank(group, src)}"
 
 
-def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    if n == 1 or tensor.numel() == 0:
-        return tensor
-    flat = work_copy(tensor)
-    if wire is None:
-        buf = torch.empty_like(flat) if r == 0 else flat  # workers receive the sum straight into place
-        encode, add_into, copy_into = (lambda: flat), (lambda p: flat.add_(p)), (lambda p: None)
-    else:
-        buf = torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device)
-        encode = lambda: wire.encode_into(flat, torch.empty_like(buf))  # noqa: E731
-        add_into, copy_into = (lambda p: wire.add_into(p, flat)), (lambda p: wire.copy_into(p, flat))
-    if r == 0:
-        for src in range(1, n):
-            what = _recv_error(f"step 1/2 (gather, {src}/{n - 1})", src, group)
+def _send_error(name: str, step: str, dst: int, group) -> str:
+    return f"{name}: {step}: rank {global_rank(group, dst)} did not take our data"
+
+
+def gather_sum(flat, group, members=None, timeout_s=None, wire=None, name="naive all-reduce") -> None:
+    """The first member (the root) adds every other member's `flat` into its own; the others send theirs."""
+    ring, me = members_of(group, members)
+    root, n = ring[0], len(ring)
+    if me == 0:
+        buf = torch.empty_like(flat) if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8,
+                                                                      device=flat.device)
+        for k, src in enumerate(ring[1:], 1):
+            what = _recv_error(name, f"step 1/2 (gather, {k}/{n - 1})", src, group)
             wait(irecv(buf, group, src, what), timeout_s, what)
-            add_into(buf)
-        payload = encode()
-        copy_into(payload)  # keep what the workers will decode
-        whats = {dst: _send_error(f"step 2/2 (send back, {dst}/{n - 1})", dst, group) for dst in range(1, n)}
-        sends = [(dst, isend(payload, group, dst, whats[dst])) for dst in range(1, n)]
+            flat.add_(buf) if wire is None else wire.add_into(buf, flat)
+    else:
+        payload = flat if wire is None else wire.encode_into(flat, torch.empty(
+            wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device))
+        what = _send_error(name, "step 1/2 (gather)", root, group)
+        wait(isend(payload, group, root, what), timeout_s, what)
+
+
+def send_back(flat, group, members=None, timeout_s=None, wire=None, name="naive all-reduce") -> None:
+    """The root sends its `flat` (the sum) to every other member, encoded once; everyone ends with the same."""
+    ring, me = members_of(group, members)
+    root, n = ring[0], len(ring)
+    if me == 0:
+        payload = flat
+        if wire is not None:
+            payload = wire.encode_into(flat, torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8,
+                                                         device=flat.device))
+            wire.copy_into(payload, flat)  # keep what the workers will decode
+        whats = {dst: _send_error(name, f"step 2/2 (send back, {k}/{n - 1})", dst, group)
+                 for k, dst in enumerate(ring[1:], 1)}
+        sends = [(dst, isend(payload, group, dst, whats[dst])) for dst in ring[1:]]
         for dst, w in sends:
             wait(w, timeout_s, whats[dst])
     else:
-        what = _send_error("step 1/2 (gather)", 0, group)
-        wait(isend(encode(), group, 0, what), timeout_s, what)
-        what = _recv_error("step 2/2 (send back)", 0, group)
-        wait(irecv(buf, group, 0, what), timeout_s, what)
-        copy_into(buf)
+        buf = flat if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device)
+        what = _recv_error(name, "step 2/2 (send back)", root, group)
+        wait(irecv(buf, group, root, what), timeout_s, what)
+        if wire is not None:
+            wire.copy_into(buf, flat)
+
+
+def all_reduce(tensor, group=None, timeout_s=None, wire=None, members=None, **_options):
+    if len(members_of(group, members)[0]) == 1 or tensor.numel() == 0:
+        return tensor
+    flat = work_copy(tensor)
+    gather_sum(flat, group, members, timeout_s, wire)
+    send_back(flat, group, members, timeout_s, wire)
     return finish(tensor, flat)
 
 
 def all_gather(payload, buf, stride: int, group=None, timeout_s=None) -> list:
     """Every rank's `payload` in rank order, through rank 0 (a parameter server that forwards): `buf` holds n
     slots of `stride` bytes; returns the slots."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    slots = [buf[q * stride:(q + 1) * stride] for q in range(n)]
+    ring, r = members_of(group)
+    slots = [buf[q * stride:(q + 1) * stride] for q in ring]
     slots[r][:payload.numel()] = payload
+    name = "naive all-gather"
     if r == 0:
-        for src in range(1, n):
-            what = _recv_error(f"all-gather step 1/2 ({src}/{n - 1})", src, group)
+        for src in ring[1:]:
+            what = _recv_error(name, f"step 1/2 ({src}/{len(ring) - 1})", src, group)
             wait(irecv(slots[src], group, src, what), timeout_s, what)
-        whats = {dst: _send_error(f"all-gather step 2/2 ({dst}/{n - 1})", dst, group) for dst in range(1, n)}
-        sends = [(dst, isend(buf, group, dst, whats[dst])) for dst in range(1, n)]
-        for dst, w in sends:
-            wait(w, timeout_s, whats[dst])
     else:
-        what = _send_error("all-gather step 1/2", 0, group)
+        what = _send_error(name, "step 1/2", 0, group)
         wait(isend(slots[r], group, 0, what), timeout_s, what)
-        what = _recv_error("all-gather step 2/2", 0, group)
-        wait(irecv(buf, group, 0, what), timeout_s, what)
+    send_back(buf, group, None, timeout_s, name=name)
     return slots
 
 

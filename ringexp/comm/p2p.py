@@ -1,6 +1,6 @@
-"""What every hand-written algorithm shares: a float work copy, and point-to-point ops whose posting and waits
-fail with a message naming the algorithm, the step and the peer (a wait after a timeout), so a dead peer is an
-error, not a hang."""
+"""What every hand-written algorithm shares: a work copy to sum in, the ring of ranks it runs over, and
+point-to-point ops whose posting and waits fail with a message naming the algorithm, the step and the peer (a
+wait after a timeout), so a dead peer is an error, not a hang."""
 
 from datetime import timedelta
 
@@ -10,17 +10,38 @@ import torch.distributed as dist
 DEFAULT_TIMEOUT_S = 300.0
 
 
+def sum_dtype(dtype):
+    """What `dtype` is summed in: float32 for low precision (rounded once at the end), int64 for every integer
+    type (exact; cast back, a narrow type wraps around as torch's own sum does), else itself."""
+    if dtype == torch.float64 or dtype == torch.int64:
+        return dtype
+    return torch.float32 if dtype.is_floating_point else torch.int64
+
+
 def work_copy(tensor):
-    """A contiguous float32/float64 view of `tensor` to reduce in; low precision is summed in float32."""
-    if tensor.is_contiguous() and tensor.dtype in (torch.float32, torch.float64):
-        return tensor.view(-1)
-    return tensor.detach().reshape(-1).to(torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+    """A contiguous 1-D tensor in sum_dtype to reduce in: `tensor` itself where it already is one, else a copy
+    (strided views, low precision, narrow integers). Detached: the sum is data, not part of autograd's graph,
+    so a leaf that requires grad is reduced as torch.distributed.all_reduce reduces it."""
+    t = tensor.detach()
+    if t.is_contiguous() and t.dtype == sum_dtype(t.dtype):
+        return t.view(-1)
+    return t.to(sum_dtype(t.dtype)).contiguous().view(-1)  # .to keeps a view's strides; contiguous copies
 
 
 def finish(tensor, flat):
-    if flat.data_ptr() != tensor.data_ptr() or flat.dtype != tensor.dtype:
-        tensor.copy_(flat.view(tensor.shape))
+    """Write the sum back into `tensor` where `flat` was a copy."""
+    t = tensor.detach()
+    if flat.data_ptr() != t.data_ptr() or flat.dtype != t.dtype:
+        t.copy_(flat.view(t.shape))
     return tensor
+
+
+def members_of(group, members=None) -> tuple:
+    """(the ring's ranks in `group`, in ring order; this rank's position in it). `members` picks a sub-ring of
+    `group` (hierarchical's node rings): its messages travel on `group` itself, so a sub-ring needs no process
+    group of its own, and nothing has to be created collectively."""
+    members = list(range(dist.get_world_size(group))) if members is None else list(members)
+    return members, members.index(dist.get_rank(group))
 
 
 def global_rank(group, group_rank: int) -> int:

@@ -17,9 +17,8 @@ import math
 import threading
 
 import torch
-import torch.distributed as dist
 
-from ringexp.comm.p2p import finish, global_rank, irecv, isend, wait, work_copy
+from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
 
 # Segment size when none is given: half a chunk (two segments in flight, as gloo's own ring does), but at least
 # MIN_AUTO (each message costs a rendezvous and wake-ups: 256 KiB segments were 2x slower at 1-64 MB) and at
@@ -29,6 +28,7 @@ MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
 DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
 _local = threading.local()
+OPTIONS = ("segment_bytes", "timeout_s", "wire")  # all_reduce's options (ringexp.comm refuses others)
 
 
 def chunk_bounds(numel: int, n: int) -> list:
@@ -65,7 +65,7 @@ def _arena(nbytes: int, device):
     return buf
 
 
-def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
+def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None) -> None:
     """Run ring steps `steps` (a range within 0 .. 2n-3) over all segments as one pipeline.
 
     Steps 0 .. n-2 are the reduce-scatter, n-1 .. 2n-3 the all-gather. In both, step s sends chunk r - s
@@ -76,8 +76,10 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
     `wire` (a compressor's nbytes/encode/decode, see ringexp.compress) puts a low-precision format on the wire
     while sums stay float32: each reduce-scatter hop decodes, adds in float32 and re-encodes; the finished
     chunk is encoded once (and its owner keeps the decoded value, so every rank ends with the same numbers),
-    and the all-gather forwards those bytes unchanged."""
-    p = _Pipeline(flat, group, bounds, seg, steps, timeout_s, wire)
+    and the all-gather forwards those bytes unchanged.
+
+    `members`: the ranks of `group` that form the ring, in ring order (None: all of them)."""
+    p = _Pipeline(flat, group, members, seg, steps, timeout_s, wire)
     for i in range(min(DEPTH, len(p.ops))):
         p.post(i)
     for j in range(p.nseg):  # the first step sends data that is ready now
@@ -95,12 +97,14 @@ def _pipeline(flat, group, bounds, seg, steps, timeout_s, wire=None) -> None:
 class _Pipeline:
     """The state of one pipelined pass: the (step, segment) operations, receives posted ahead, sends in flight."""
 
-    def __init__(self, flat, group, bounds, seg, steps, timeout_s, wire):
-        self.flat, self.group, self.bounds, self.seg, self.steps = flat, group, bounds, seg, steps
+    def __init__(self, flat, group, members, seg, steps, timeout_s, wire):
+        self.flat, self.group, self.seg, self.steps = flat, group, seg, steps
         self.timeout_s, self.wire = timeout_s, wire
-        self.n, self.r = dist.get_world_size(group), dist.get_rank(group)
-        self.right, self.left = (self.r + 1) % self.n, (self.r - 1) % self.n
-        self.nseg = max(1, math.ceil(max(e - b for b, e in bounds) / seg))
+        ring, self.r = members_of(group, members)  # our position in the ring; chunks are numbered by position
+        self.n = len(ring)
+        self.bounds = chunk_bounds(flat.numel(), self.n)
+        self.right, self.left = ring[(self.r + 1) % self.n], ring[(self.r - 1) % self.n]  # ranks in `group`
+        self.nseg = max(1, math.ceil(max(e - b for b, e in self.bounds) / seg))
         self.ops = [(s, j) for s in steps for j in range(self.nseg)]
         if wire is None:
             self.bufs = _buffers(min(seg, flat.numel()), flat.dtype, flat.device)
@@ -185,28 +189,26 @@ def _segment(flat, n: int, segment_bytes) -> int:
     return max(1, segment_bytes // flat.element_size())
 
 
-def reduce_scatter(flat, group=None, segment_bytes=None, timeout_s=None, wire=None) -> int:
+def reduce_scatter(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None) -> int:
     """Sum `flat` over the ring so that this rank holds the full sum of one chunk; returns its index."""
-    n = dist.get_world_size(group)
-    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, n, segment_bytes), range(n - 1), timeout_s,
-              wire)
-    return (dist.get_rank(group) + 1) % n
+    ring, r = members_of(group, members)
+    n = len(ring)
+    _pipeline(flat, group, ring, _segment(flat, n, segment_bytes), range(n - 1), timeout_s, wire)
+    return (r + 1) % n
 
 
-def all_gather(flat, group=None, segment_bytes=None, timeout_s=None, wire=None) -> None:
+def all_gather(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None) -> None:
     """The inverse: every rank holds the finished chunk reduce_scatter left it; afterwards, all chunks."""
-    n = dist.get_world_size(group)
-    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, n, segment_bytes), range(n - 1, 2 * n - 2),
-              timeout_s, wire)
+    n = len(members_of(group, members)[0])
+    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(n - 1, 2 * n - 2), timeout_s, wire)
 
 
-def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None, **_options):
-    n = dist.get_world_size(group)
+def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None, **_options):
+    n = len(members_of(group, members)[0])
     if n == 1 or tensor.numel() == 0:
         return tensor
     flat = work_copy(tensor)
-    _pipeline(flat, group, chunk_bounds(flat.numel(), n), _segment(flat, n, segment_bytes), range(2 * n - 2),
-              timeout_s, wire)
+    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(2 * n - 2), timeout_s, wire)
     return finish(tensor, flat)
 
 

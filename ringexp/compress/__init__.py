@@ -99,6 +99,7 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
     step = state.steps.get(bucket, 0)
     state.steps[bucket] = step + 1
     ctx = context(c, step, bucket, layout)
+    options = comm.options_for(algorithm, options)
     flat = tensor.view(-1)
     x = feedback.before(flat, state, bucket)
     inside = m.WIRE and algorithm != "builtin"  # the collective encodes every message itself
@@ -106,9 +107,9 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
     sent = m.decode(payload, flat.numel(), c, ctx) if state.ef else None  # before the collective reuses payload
     if inside:
         flat.copy_(x)
-        comm.all_reduce(flat, algorithm, group=group, wire=wire_codec(c, ctx), **options)
+        comm.all_reduce(flat, algorithm, group=group, check=False, wire=wire_codec(c, ctx), **options)
     elif m.sum_dtype(c) is not None:
-        summed = comm.all_reduce(payload.view(m.sum_dtype(c)), algorithm, group=group, **options)
+        summed = comm.all_reduce(payload.view(m.sum_dtype(c)), algorithm, group=group, check=False, **options)
         flat.copy_(m.decode(summed.view(torch.uint8), flat.numel(), c, ctx))
     else:
         gathered = all_gather(payload, algorithm, group, options.get("timeout_s"))

@@ -10,7 +10,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import compress, timing
+from ringexp import comm, compress, timing
 from ringexp.compress import powersgd
 from ringexp.parallel import hooks
 from ringexp.parallel.base import Strategy
@@ -60,8 +60,9 @@ class DDPStrategy(Strategy):
         if self.algorithm == "builtin" and c.name == "none":
             return None, None
         compressor = None if c.name == "none" else compress.State(c, momentum=self.cfg.optim.momentum)
-        options = comm_options(self.cfg.parallel) | {"scope": c.scope}
-        self.hook_state = hooks.make_state(self.algorithm, options, compressor)
+        options = comm.options_for(self.algorithm, comm_options(self.cfg.parallel) | {"scope": c.scope})
+        self.hook_state = hooks.CommState(self.algorithm, options, compressor)
+        self.hook_state.start()  # here, on the main thread, before training: not inside the first backward
         return self.hook_state, hooks.comm_hook
 
     def no_sync(self, model, sync: bool):

@@ -1,4 +1,9 @@
-"""A DDP communication hook that runs a ringexp collective without stalling backward.
+"""ringexp's collectives as a DDP communication hook, for ringexp's trainer and for anyone's own DDP code.
+
+    state, hook = ringexp.ddp_comm_hook("ring", compression="fp16")
+    model.register_comm_hook(state, hook)      # model: a torch.nn.parallel.DistributedDataParallel
+    ...
+    state.close()                              # after training: the hook's thread and process group
 
 DDP calls the hook from the autograd engine as soon as a bucket's gradients are ready and expects a
 future. gloo's futures do not cover send/recv, and running the ring inline would block backward until
@@ -6,6 +11,9 @@ the bucket is reduced. So the hook hands the bucket to one worker thread per ran
 that the thread completes: backward computes the next bucket while this one travels. The thread runs
 collectives on a process group of its own (separate from the one the training loop uses for its
 metrics), and a single thread keeps buckets in the same order on every rank, as collectives require.
+
+The state needs no process group to be built (Lightning builds it before it creates one): its group and thread
+are made by `start()`, which the first bucket calls if nobody did before, on every rank in the same order.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -14,21 +22,55 @@ import torch
 import torch.distributed as dist
 
 from ringexp import comm, compress
+from ringexp.config import CompressionConfig
 
 
 class CommState:
-    def __init__(self, algorithm: str, group, options: dict, compressor=None):
-        self.algorithm, self.group, self.options = algorithm, group, options
-        self.compressor = compressor  # a ringexp.compress.State (error feedback lives there), or None
-        self.world = dist.get_world_size(group)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{algorithm}")
+    """What the hook carries: the algorithm and its options, a compressor (a ringexp.compress.State, holding
+    error feedback) or None, and once started, its process group and worker thread."""
+
+    def __init__(self, algorithm: str = "ring", options: dict | None = None, compressor=None, group=None):
+        self.algorithm, self.options, self.compressor = algorithm, dict(options or {}), compressor
+        self.parent = group  # the group DDP runs on; None: the whole job
+        self.group = self.executor = self.last = None  # last: the newest bucket handed to the thread
+        self.world = 0
+        self.buckets = 0  # buckets the hook was called for: is DDP calling it at all? (Lightning on CPU does not)
+
+    def start(self) -> None:
+        """Create the hook's process group and thread (collective over the parent group's ranks; idempotent).
+        On the default group, a group of its own keeps the thread's messages apart from the training loop's
+        collectives; on a group the user gave, the hook uses that one (creating a subgroup would need every
+        rank of the job to take part)."""
+        if self.executor is not None:
+            return
+        self.group = dist.new_group(backend=dist.get_backend()) if self.parent is None else self.parent
+        self.world = dist.get_world_size(self.group)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{self.algorithm}")
 
     def close(self) -> None:
-        """Let the worker thread end (training has ended; after a failure, nothing queued still runs)."""
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        """End the worker thread (nothing queued still runs) and destroy the group `start` created, unless a
+        collective still waits in it (after a failure: the process is about to end); idempotent. The state can be
+        started again afterwards."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        idle = self.last is None or self.last.done()  # a group is not destroyed under a collective still waiting
+        if idle and self.group is not None and self.parent is None and dist.is_initialized():
+            dist.destroy_process_group(self.group)
+        self.group = self.executor = self.last = None
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to continue bit-for-bit: the compressor's residuals, momentum and step counts
+        (tensors and numbers only: loads with torch.load(weights_only=True))."""
+        return {} if self.compressor is None else {"compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.compressor is not None and state.get("compressor") is not None:
+            self.compressor.load_state_dict(state["compressor"])
 
 
 def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
+    state.start()
+    state.buckets += 1
     fut = torch.futures.Future()
     tensor = bucket.buffer()
     index = bucket.index()
@@ -38,7 +80,7 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
         try:
             tensor.div_(state.world)  # average, as DDP's own hook does (divide first: no overflow)
             if state.compressor is None:
-                comm.all_reduce(tensor, state.algorithm, group=state.group, **state.options)
+                comm.all_reduce(tensor, state.algorithm, state.group, check=False, **state.options)
             else:
                 compress.all_reduce(tensor, state.algorithm, state.compressor, index, state.group, layout,
                                     **state.options)
@@ -46,15 +88,45 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
         except BaseException as e:  # the error reaches backward() through the future
             fut.set_exception(e)
 
-    state.executor.submit(run)
+    state.last = state.executor.submit(run)
     return fut
 
 
-def make_state(algorithm: str, options: dict, compressor=None) -> CommState:
-    # A group of its own: the hook thread's point-to-point traffic never interleaves with the main
-    # thread's collectives (created on the main thread, collectively, before training starts).
-    group = dist.new_group(backend=dist.get_backend())
-    if algorithm == "hierarchical":
-        nodes = options.get("nodes") or comm.hierarchical.default_nodes(dist.get_world_size(group))
-        comm.hierarchical.node_groups(group, nodes)
-    return CommState(algorithm, group, options, compressor)
+def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **options) -> tuple:
+    """(state, hook) for `model.register_comm_hook(state, hook)`: DDP's gradients reduced by ringexp's `algorithm`
+    (ring, hierarchical, naive or builtin) with its options (segment_bytes, timeout_s; hierarchical: nodes, variant,
+    scope), optionally through a compressor: a name (fp16, bf16, int8, topk, randomk, sign) or a dict of
+    ringexp.config.CompressionConfig's fields, e.g. {"name": "topk", "ratio": 0.01}, plus "momentum" (your SGD
+    momentum) for momentum_correction. `group`: the process group DDP runs on, if not the default.
+    Raises ValueError or TypeError, at once, for anything it cannot do."""
+    impl = comm.ALGORITHMS.get(algorithm)
+    if impl is None:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(comm.ALGORITHMS)}")
+    unknown = sorted(o for o in options if o not in impl.OPTIONS or o == "wire")
+    if unknown:
+        takes = ", ".join(o for o in impl.OPTIONS if o != "wire") or "none"
+        raise TypeError(f"{algorithm}: no option {unknown[0]!r} (it takes {takes}; a wire format comes from "
+                        "compression=)")
+    return CommState(algorithm, options, compressor(compression), group), comm_hook
+
+
+def compressor(compression):
+    """A ringexp.compress.State from a name, a dict of CompressionConfig fields (+ momentum) or a CompressionConfig."""
+    if compression is None or compression == "none":
+        return None
+    if isinstance(compression, str):
+        fields = {"name": compression}
+    else:
+        fields = dict(vars(compression) if isinstance(compression, CompressionConfig) else compression)
+    momentum = float(fields.pop("momentum", 0.0))
+    c = CompressionConfig(**fields)
+    if c.name == "powersgd":
+        raise ValueError("powersgd is PyTorch's own hook: register torch.distributed.algorithms.ddp_comm_hooks."
+                         "powerSGD_hook.powerSGD_hook with its PowerSGDState instead")
+    if c.name not in compress.COMPRESSORS:
+        names = ", ".join(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))
+        raise ValueError(f"unknown compression {c.name!r}; choose from {names}")
+    if c.momentum_correction and not momentum:
+        raise ValueError("momentum_correction applies your SGD momentum before compressing: pass "
+                         "compression={..., 'momentum': <it>} and run SGD without momentum")
+    return compress.State(c, momentum=momentum)
