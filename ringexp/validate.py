@@ -14,10 +14,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import compress, parallel
-from ringexp.config import CONF_DIR, AmpMode, CompressionScope, Device, OptimName, StrategyName, TrainConfig
+from ringexp.config import CONF_DIR, AmpMode, Device, OptimName, StrategyName, TrainConfig
 from ringexp.data import check_data
 from ringexp.errors import ConfigError
 from ringexp.models import check_model
+from ringexp.parallel.ddp import ALGORITHM
 
 
 def checked(cfg) -> TrainConfig:
@@ -98,20 +99,11 @@ def check_compression(cfg: TrainConfig) -> None:
     if c.name == "powersgd" and strategy != StrategyName.ddp:
         raise ConfigError(f"compression=powersgd runs PyTorch's PowerSGD hook, which the {strategy} strategy "
                           "cannot carry; use +parallel=ddp_powersgd")
-    if c.scope == CompressionScope.inter_node and (strategy != StrategyName.hierarchical or not m.WIRE):
-        raise ConfigError(f"compression.scope=inter_node needs +parallel=hierarchical and fp16, bf16 or int8 "
-                          f"(got strategy {strategy}, compression={c.name})")
-    if c.momentum_correction and (c.name not in compress.SPARSIFIERS or cfg.optim.name != OptimName.sgd
-                                  or not compress.error_feedback(c)):
-        raise ConfigError("compression.momentum_correction needs topk or randomk, error feedback and optim=sgd "
-                          "(it moves SGD's momentum before the compressor)")
-    # Error feedback keeps what this rank's own encoding lost. A cast summed in its own precision (PyTorch's cast
-    # hooks, gloo) and a wire format inside the hand-written collectives re-encode partial sums on the way: that
-    # error belongs to no rank, and a residual of the local encoding would correct one that never happened.
-    if compress.error_feedback(c) and m.WIRE and (strategy != StrategyName.ddp or m.sum_dtype(c) is not None):
-        raise ConfigError(f"compression.error_feedback=true with {c.name} on +parallel={strategy}: the wire carries "
-                          "re-encoded partial sums, an error no rank's residual holds; use error_feedback=false, "
-                          "or int8 on +parallel=ddp (each rank's encoding sent as it is)")
+    if c.momentum_correction and cfg.optim.name != OptimName.sgd:
+        raise ConfigError(compress.MOMENTUM_RULE)
+    problem = compress.refusal(c, ALGORITHM.get(strategy, strategy), f"+parallel={strategy}")
+    if problem:
+        raise ConfigError(problem)
 
 
 def check_amp(mode: AmpMode, device: Device) -> None:

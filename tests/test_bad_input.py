@@ -31,7 +31,7 @@ CASES = {
     "rank < 1": (lambda f: ["+parallel=ddp_powersgd", "compression.rank=0"], "compression.rank=0"),
     "powersgd on the ring": (lambda f: ["+parallel=ring", "compression=powersgd"], "cannot carry"),
     "inter_node scope without nodes": (lambda f: ["+parallel=ring_int8", "compression.scope=inter_node"],
-                                       "needs +parallel=hierarchical"),
+                                       "compression.scope=inter_node needs hierarchical"),
     "momentum correction with adamw": (lambda f: ["+parallel=ddp_topk", "compression.momentum_correction=true"],
                                        "momentum_correction needs"),
     "compressing one process": (lambda f: ["+parallel=single", "compression=fp16"], "one process sends nothing"),

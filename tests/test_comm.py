@@ -189,6 +189,9 @@ def safety_worker():
             torch.ones(4, dtype=torch.bool if env.rank == 2 else torch.float32), "naive", group=sub))
         out["usable after"] = float(comm.all_reduce(torch.ones(3), "ring", group=sub).sum()) == 6.0
         out["unknown option"] = raised(lambda: comm.all_reduce(torch.ones(3), "ring", group=sub, nodes=2))
+        out["nodes on one rank"] = raised(lambda: comm.all_reduce(torch.ones(4), "hierarchical", group=sub,
+                                                                  nodes=1 + env.rank // 2))
+        out["usable after all"] = float(comm.all_reduce(torch.ones(3), "hierarchical", group=sub).sum()) == 6.0
         if env.rank == 0:  # rank 2 never joins: the error says the group is spent
             out["part-way"] = raised(lambda: comm.all_reduce(torch.ones(8), "ring", group=spare, check=False,
                                                              timeout_s=2))
@@ -215,8 +218,12 @@ def test_collectives_are_safe_on_what_users_pass():
         out = results[rank]
         assert out["mismatch"].startswith("ValueError: ring all-reduce: every rank must pass the same size"), out
         assert "rank 0: ring of 10 x float32, rank 2: ring of 12 x float32" in out["mismatch"], out
-        assert out["bool on one rank"] == ("ValueError: naive all-reduce: rank 2: bool tensors have no sum here: "
-                                           "convert to an integer dtype"), out
         assert out["unknown option"].startswith("TypeError: ring all-reduce takes no option 'nodes'"), out
+        assert out["nodes on one rank"].startswith("ValueError: hierarchical all-reduce: every rank must pass"), out
+    # the rank that passed a bool hears its own error; the other, which rank did
+    assert results[0]["bool on one rank"] == ("ValueError: naive all-reduce: rank 2: bool tensors have no sum here: "
+                                              "convert to an integer dtype"), results[0]
+    assert results[2]["bool on one rank"].startswith("ValueError: naive all-reduce: bool tensors have no sum"), \
+        results[2]
     assert "nothing from rank 2" in results[0]["part-way"], results[0]
     assert "do not use the group again" in results[0]["part-way"], results[0]

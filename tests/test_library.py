@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringexp
 from ringexp import dist as rdist
+from ringexp.config import CompressionConfig
 from ringexp.launch import elastic
 from ringexp.models import small_cnn
 
@@ -42,11 +43,26 @@ def max_diff(a: dict, b: dict) -> float:
     ({"compression": "fp8"}, "unknown compression 'fp8'"),
     ({"compression": {"name": "topk", "ratio": 2.0}}, "compression.ratio=2.0: must be in (0, 1]"),
     ({"compression": {"name": "topk", "momentum_correction": True}}, "pass compression={..., 'momentum'"),
+    ({"compression": {"name": "fp16", "momentum_correction": True, "momentum": 0.9}}, "needs topk or randomk"),
+    ({"compression": {"name": "topk", "momentum": 0.9}}, "momentum is for momentum_correction=True only"),
+    ({"compression": {"name": "int8", "error_feedback": True}}, "error_feedback=true with int8 on algorithm ring"),
+    ({"compression": {"name": "int8", "scope": "inter_node"}}, "scope=inter_node needs hierarchical"),
+    ({"compression": {"name": "topk", "ratoi": 0.1}}, "unexpected keyword argument 'ratoi'"),
+    ({"algorithm": "hierarchical", "variant": "tree"}, "variant='tree': choose two_level or leader"),
+    ({"algorithm": "ring", "segment_bytes": 0}, "segment_bytes=0: must be an integer >= 1"),
 ])
 def test_the_hook_api_refuses_what_it_cannot_do_at_once(bad, error):
     with pytest.raises((ValueError, TypeError)) as e:
         ringexp.ddp_comm_hook(**bad)
     assert error in str(e.value)
+
+
+def test_no_compression_by_any_name_is_no_compressor():
+    for none in (None, "none", {"name": "none"}, {"ratio": 0.5}, CompressionConfig()):
+        state, _ = ringexp.ddp_comm_hook("ring", compression=none)
+        assert state.compressor is None, none
+    state, _ = ringexp.ddp_comm_hook("hierarchical", compression={"name": "int8", "scope": "inter_node"})
+    assert state.options["scope"] == "inter_node"  # the compressor's scope reaches the collective
 
 
 def test_a_hook_state_is_built_without_a_process_group():
@@ -136,5 +152,5 @@ def test_recipe_all_reduce_on_a_subgroup(tmp_path):
     assert "rank 1: grads [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]] " \
            "counts [1099511627777, 1099511627777]" in out, out
     for rank in (0, 2):
-        assert f"rank {rank}: ring all-reduce: every rank must pass the same size and dtype" in out, out
+        assert f"rank {rank}: ring all-reduce: every rank must pass the same size, dtype" in out, out
         assert f"rank {rank}: still usable: [2.0, 2.0, 2.0]" in out, out

@@ -14,9 +14,10 @@ Strided views and leaves that require grad are reduced through a contiguous copy
 ring, hierarchical and naive also take `wire=` (from ringexp.compress): a low-precision format for every
 message, with float32 sums at every hop.
 
-Before any message is posted, every rank checks its input, and (check=True, the default) the ranks compare
-what they were given in one small builtin all-gather, so a mistake on any rank raises the same ValueError on
-all of them and leaves the group usable. check=False skips the comparison (DDP's hooks: DDP guarantees it).
+Before any message is posted, every rank checks its input and options, and (check=True, the default) the ranks
+compare what they were given in one small builtin all-gather, so a mistake on any rank raises on all of them (that
+rank its own precise error, the others a ValueError naming it) and leaves the group usable. check=False skips the
+comparison (DDP's hooks: DDP guarantees it), not the local checks.
 A rank outside `group` returns its tensor untouched, as torch.distributed.all_reduce does.
 """
 
@@ -24,72 +25,85 @@ import torch
 import torch.distributed as dist
 
 from ringexp.comm import builtin, hierarchical, naive, ring
-from ringexp.comm.p2p import one_line
+from ringexp.comm.p2p import DEFAULT_TIMEOUT_S, global_ranks, one_line
 
 ALGORITHMS = {"ring": ring, "hierarchical": hierarchical, "naive": naive, "builtin": builtin}
 # what the comparison across ranks sends, as numbers: the dtype and the algorithm by index
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
           torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
-PROBLEMS = {
-    1: "bool tensors have no sum here: convert to an integer dtype",
-    2: "its dtype is not supported: use a float, complex or integer dtype",
-    3: "a wire format encodes floats: pass a floating-point tensor (or no wire)",
-    4: "the tensor has elements that share memory (an expanded view): pass .contiguous()",
-}
+# a rank's mistake, as the other ranks hear of it (the rank itself raises its own, more precise, error)
+PROBLEMS = ("", "bool tensors have no sum here: convert to an integer dtype",
+            "its dtype is not supported: use a float, complex or integer dtype",
+            "a wire format encodes floats: pass a floating-point tensor (or no wire)",
+            "the tensor has elements that share memory (an expanded view): pass .contiguous()",
+            "a sparse tensor: pass .to_dense()", "a conjugate view: pass .resolve_conj()",
+            "it passed no tensor", "it asked for an unknown algorithm", "it passed an option its algorithm refuses")
 
 
 def all_reduce(tensor, algorithm: str = "ring", group=None, *, check: bool = True, **options):
-    impl = _algorithm(algorithm)
-    unknown = sorted(set(options) - set(impl.OPTIONS))
-    if unknown:
-        raise TypeError(f"{algorithm} all-reduce takes no option {unknown[0]!r} "
-                        f"(it takes {', '.join(impl.OPTIONS) or 'none'})")
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{algorithm} all-reduce: expected a torch.Tensor, got {type(tensor).__name__}")
-    if dist.get_rank(group) < 0:  # not a member of `group`
+    if dist.get_rank(group) < 0:  # not a member of `group`, as torch.distributed.all_reduce
         return tensor
-    problem = _problem(tensor, options.get("wire"))
+    code, error = _mistake(tensor, algorithm, options, group)
     if check and dist.get_world_size(group) > 1:
-        _agree(tensor, algorithm, group, problem)
-    elif problem:
-        raise ValueError(f"{algorithm} all-reduce: {PROBLEMS[problem]} (got {tensor.dtype})")
+        _agree(tensor, algorithm, options, group, code, error)
+    elif error is not None:
+        raise error
     target = torch.view_as_real(tensor.detach()) if tensor.is_complex() else tensor
     try:
-        impl.all_reduce(target, group=group, **options)
+        ALGORITHMS[algorithm].all_reduce(target, group=group, **options)
     except Exception as e:
-        if impl is builtin:
+        if algorithm == "builtin":
             raise
         raise RuntimeError(f"{e} (messages of this all-reduce may still be posted on this group: do not use the "
                            "group again; destroy it and create a new one)") from e
     return tensor
 
 
-def _algorithm(name: str):
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown all-reduce algorithm {name!r}; choose from {', '.join(ALGORITHMS)}") from None
+def _mistake(tensor, algorithm: str, options: dict, group) -> tuple:
+    """(PROBLEMS index, the exception this rank raises) for what this rank cannot reduce, or (0, None)."""
+    if algorithm not in ALGORITHMS:
+        return 8, ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+    impl = ALGORITHMS[algorithm]
+    unknown = sorted(set(options) - set(impl.OPTIONS))
+    if unknown:
+        return 9, TypeError(f"{algorithm} all-reduce takes no option {unknown[0]!r} "
+                            f"(it takes {', '.join(impl.OPTIONS) or 'none'})")
+    bad = bad_option(options, dist.get_world_size(group))
+    if bad:
+        return 9, ValueError(f"{algorithm} all-reduce: {bad}")
+    if not isinstance(tensor, torch.Tensor):
+        return 7, TypeError(f"{algorithm} all-reduce: expected a torch.Tensor, got {type(tensor).__name__}")
+    code = (1 if tensor.dtype == torch.bool else 2 if tensor.dtype not in DTYPES
+            else 5 if tensor.layout != torch.strided else 6 if tensor.is_conj()
+            else 3 if options.get("wire") is not None and not tensor.dtype.is_floating_point
+            else 4 if any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.shape, strict=True)) else 0)
+    return code, (ValueError(f"{algorithm} all-reduce: {PROBLEMS[code]} (got {tensor.dtype})") if code else None)
 
 
-def _problem(tensor, wire) -> int:
-    """What this rank's input cannot be reduced for (a PROBLEMS key), or 0."""
-    if tensor.dtype == torch.bool:
-        return 1
-    if tensor.dtype not in DTYPES:
-        return 2
-    if wire is not None and not tensor.dtype.is_floating_point:
-        return 3
-    if any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.shape, strict=True)):
-        return 4
-    return 0
+def bad_option(o: dict, world) -> str:
+    """What is wrong with an option's value (the same on every rank that passes it), or ''. `world`: the ranks
+    `nodes` must divide (None: not known yet)."""
+    if o.get("segment_bytes") is not None and not (isinstance(o["segment_bytes"], int) and o["segment_bytes"] >= 1):
+        return f"segment_bytes={o['segment_bytes']!r}: must be an integer >= 1 (or None: automatic)"
+    if o.get("timeout_s") is not None and not (isinstance(o["timeout_s"], int | float) and o["timeout_s"] > 0):
+        return f"timeout_s={o['timeout_s']!r}: must be > 0 seconds (or None: {DEFAULT_TIMEOUT_S:g})"
+    nodes = o.get("nodes")
+    if nodes is not None and not (isinstance(nodes, int) and nodes >= 1 and (world is None or world % nodes == 0)):
+        return (f"nodes={nodes!r} must divide the {world} ranks into equal nodes" if world
+                else f"nodes={nodes!r}: must be an integer >= 1")
+    if "variant" in o and o["variant"] not in hierarchical.VARIANTS:
+        return f"variant={o['variant']!r}: choose {' or '.join(hierarchical.VARIANTS)}"
+    if "scope" in o and o["scope"] not in ("all", "inter_node"):
+        return f"scope={o['scope']!r}: choose all or inter_node"
+    return ""
 
 
-def _agree(tensor, algorithm: str, group, problem: int) -> None:
-    """One all-gather of (problem, numel, dtype, algorithm) from every rank: raise the same error on all of them if
-    any rank cannot go on or they disagree, before any message of the collective is posted."""
-    device = "cpu" if "gloo" in str(dist.get_backend(group)) else tensor.device
-    dtype = DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else -1
-    mine = torch.tensor([problem, tensor.numel(), dtype, list(ALGORITHMS).index(algorithm)], device=device)
+def _agree(tensor, algorithm: str, options: dict, group, code: int, error) -> None:
+    """One all-gather of what every rank was given: raise on all of them if any rank cannot go on or they
+    disagree, before any message of the collective is posted."""
+    row = _described(tensor, algorithm, options, group, code)
+    device = "cpu" if "gloo" in str(dist.get_backend(group)) else torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor(row, device=device)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     try:
         dist.all_gather(everyone, mine, group=group)
@@ -97,24 +111,43 @@ def _agree(tensor, algorithm: str, group, problem: int) -> None:
         raise RuntimeError(f"{algorithm} all-reduce: before step 1, comparing every rank's input: "
                            f"{type(e).__name__}: {one_line(e)}") from e
     rows = [[int(v) for v in t.tolist()] for t in everyone]
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(rows)))
-    for rank, (code, *_rest) in zip(ranks, rows, strict=True):
-        if code:
-            raise ValueError(f"{algorithm} all-reduce: rank {rank}: {PROBLEMS[code]}")
-    if any(row[1:] != rows[0][1:] for row in rows):
-        said = ", ".join(f"rank {rank}: {_described(row)}" for rank, row in zip(ranks, rows, strict=True))
-        raise ValueError(f"{algorithm} all-reduce: every rank must pass the same size and dtype to the same "
-                         f"algorithm; got {said}")
+    if error is not None:
+        raise error
+    for rank, other in zip(global_ranks(group), rows, strict=True):
+        if other[0]:
+            raise ValueError(f"{algorithm} all-reduce: rank {rank}: {PROBLEMS[other[0]]}")
+    if any(other[1:] != rows[0][1:] for other in rows):
+        said = ", ".join(f"rank {rank}: {_said(other)}" for rank, other in zip(global_ranks(group), rows, strict=True))
+        raise ValueError(f"{algorithm} all-reduce: every rank must pass the same size, dtype, algorithm and "
+                         f"options; got {said}")
 
 
-def _described(row) -> str:
-    _, numel, dtype, algorithm = row
-    return f"{list(ALGORITHMS)[algorithm]} of {numel} x {str(DTYPES[dtype]).removeprefix('torch.')}"
+def _described(tensor, algorithm: str, options: dict, group, code: int) -> list:
+    """(problem, numel, dtype, algorithm, nodes, variant, segment_bytes, wire bytes per 4096 floats) as integers."""
+    if code in (7, 8, 9):
+        return [code, -1, -1, -1, 0, 0, 0, 0]
+    nodes = options.get("nodes") or (hierarchical.default_nodes(global_ranks(group)) if algorithm == "hierarchical"
+                                     else 0)
+    variant = hierarchical.VARIANTS.index(options.get("variant", "two_level")) if algorithm == "hierarchical" else 0
+    wire = options.get("wire")
+    return [code, tensor.numel(), DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else -1,
+            list(ALGORITHMS).index(algorithm), nodes, variant, options.get("segment_bytes") or 0,
+            wire.nbytes(4096) if wire is not None else 0]
+
+
+def _said(row) -> str:
+    _, numel, dtype, algorithm, nodes, variant, segment, wire = row
+    if numel < 0:
+        return "an invalid call"
+    said = f"{list(ALGORITHMS)[algorithm]} of {numel} x {str(DTYPES[dtype]).removeprefix('torch.')}"
+    extra = [f"nodes={nodes}" if nodes else "", f"variant={hierarchical.VARIANTS[variant]}" if variant else "",
+             f"segment_bytes={segment}" if segment else "", "a wire format" if wire else ""]
+    return " ".join([said, *[e for e in extra if e]])
 
 
 def options_for(algorithm: str, options: dict) -> dict:
     """The subset of `options` that `algorithm` takes (for callers holding options for every algorithm)."""
-    return {k: v for k, v in options.items() if k in _algorithm(algorithm).OPTIONS}
+    return {k: v for k, v in options.items() if k in ALGORITHMS[algorithm].OPTIONS}
 
 
 def wire_bytes(algorithm: str, nbytes: int, world_size: int, **options) -> int:
@@ -122,4 +155,4 @@ def wire_bytes(algorithm: str, nbytes: int, world_size: int, **options) -> int:
     return ALGORITHMS[algorithm].wire_bytes(nbytes, world_size, **options)
 
 
-__all__ = ["ALGORITHMS", "all_reduce", "options_for", "wire_bytes"]
+__all__ = ["ALGORITHMS", "all_reduce", "bad_option", "options_for", "wire_bytes"]

@@ -15,11 +15,12 @@ intra-node gather and send-back stay exact).
 """
 
 import os
+from collections import Counter
 
 import torch.distributed as dist
 
 from ringexp.comm import naive, ring
-from ringexp.comm.p2p import finish, members_of, work_copy
+from ringexp.comm.p2p import finish, global_ranks, members_of, work_copy
 
 VARIANTS = ("two_level", "leader")
 # all_reduce's options (ringexp.comm refuses others)
@@ -39,10 +40,13 @@ def node_rings(group, nodes: int) -> tuple:
     return ranks[k * m:(k + 1) * m], ranks[i::m]
 
 
-def default_nodes(world_size: int) -> int:
-    """Real nodes: the launcher's local world size is the number of ranks per node."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return world_size // local if local and world_size % local == 0 else 1
+def default_nodes(ranks) -> int:
+    """Real nodes among global `ranks`: the launcher's LOCAL_WORLD_SIZE ranks per node, numbered in blocks (as
+    torchrun and Slurm do); 1 if that is unknown or `ranks` do not span the nodes evenly in order."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    node = [r // local for r in ranks] if local > 0 else [0]
+    counts = Counter(node)
+    return len(counts) if node == sorted(node) and len(set(counts.values())) == 1 else 1
 
 
 def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
@@ -51,7 +55,7 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
         return tensor
     if variant not in VARIANTS:
         raise ValueError(f"hierarchical variant {variant!r}: choose {' or '.join(VARIANTS)}")
-    node, inter = node_rings(group, nodes or default_nodes(dist.get_world_size(group)))
+    node, inter = node_rings(group, nodes or default_nodes(global_ranks(group)))
     flat = work_copy(tensor)
     where = f"node of ranks {node[0]}-{node[-1]}" if group is None else f"node of group ranks {node[0]}-{node[-1]}"
 
@@ -82,7 +86,7 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
 
 def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", wire_ratio: float = 1.0,
                scope: str = "all", **_options) -> int:
-    k = nodes or default_nodes(world_size)
+    k = nodes or default_nodes(range(world_size))
     m = world_size // k
     inter = ring.wire_bytes(nbytes // m if variant == "two_level" else nbytes, k, wire_ratio)
     if variant == "two_level":

@@ -7,6 +7,7 @@ sends the sum back encoded once (keeping the decoded value itself, so every rank
 The two halves, gather_sum and send_back, are also hierarchical's leader variant inside a node."""
 
 import torch
+import torch.distributed as dist
 
 from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
 
@@ -62,12 +63,12 @@ def send_back(flat, group, members=None, timeout_s=None, wire=None, name="naive 
             wire.copy_into(buf, flat)
 
 
-def all_reduce(tensor, group=None, timeout_s=None, wire=None, members=None, **_options):
-    if len(members_of(group, members)[0]) == 1 or tensor.numel() == 0:
+def all_reduce(tensor, group=None, timeout_s=None, wire=None, **_options):
+    if dist.get_world_size(group) == 1 or tensor.numel() == 0:
         return tensor
     flat = work_copy(tensor)
-    gather_sum(flat, group, members, timeout_s, wire)
-    send_back(flat, group, members, timeout_s, wire)
+    gather_sum(flat, group, None, timeout_s, wire)
+    send_back(flat, group, None, timeout_s, wire)
     return finish(tensor, flat)
 
 

@@ -23,6 +23,8 @@ def work_copy(tensor):
     (strided views, low precision, narrow integers). Detached: the sum is data, not part of autograd's graph,
     so a leaf that requires grad is reduced as torch.distributed.all_reduce reduces it."""
     t = tensor.detach()
+    if t.is_complex() or t.dtype == torch.bool:  # ringexp.comm.all_reduce refuses or reshapes these first
+        raise TypeError(f"no sum for {t.dtype} here: call ringexp.comm.all_reduce")
     if t.is_contiguous() and t.dtype == sum_dtype(t.dtype):
         return t.view(-1)
     return t.to(sum_dtype(t.dtype)).contiguous().view(-1)  # .to keeps a view's strides; contiguous copies
@@ -42,6 +44,10 @@ def members_of(group, members=None) -> tuple:
     group of its own, and nothing has to be created collectively."""
     members = list(range(dist.get_world_size(group))) if members is None else list(members)
     return members, members.index(dist.get_rank(group))
+
+
+def global_ranks(group) -> list:
+    return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
 
 
 def global_rank(group, group_rank: int) -> int:

@@ -33,6 +33,31 @@ def error_feedback(c) -> bool:
     return c.name in EF_DEFAULT if c.error_feedback is None else bool(c.error_feedback)
 
 
+MOMENTUM_RULE = ("compression.momentum_correction needs topk or randomk, error feedback and SGD (it moves SGD's "
+                 "momentum before the compressor)")
+
+
+def refusal(c, algorithm: str, where: str):
+    """Why compressor config `c` cannot run with all-reduce `algorithm` (builtin, ring, hierarchical, naive; any
+    other name: not a DDP hook), in the words of `where` (what the user chose), or None if it can."""
+    m = COMPRESSORS[c.name]
+    if m is None:
+        return None
+    if c.scope == "inter_node" and (algorithm != "hierarchical" or not m.WIRE):
+        return (f"compression.scope=inter_node needs hierarchical and fp16, bf16 or int8 (got {where}, "
+                f"compression={c.name})")
+    if c.momentum_correction and (c.name not in SPARSIFIERS or not error_feedback(c)):
+        return MOMENTUM_RULE
+    # Error feedback keeps what this rank's own encoding lost. A cast summed in its own precision (PyTorch's cast
+    # hooks, gloo) and a wire format inside the hand-written collectives re-encode partial sums on the way: that
+    # error belongs to no rank, and a residual of the local encoding would correct one that never happened.
+    if error_feedback(c) and m.WIRE and (algorithm != "builtin" or m.sum_dtype(c) is not None):
+        return (f"compression.error_feedback=true with {c.name} on {where}: the wire carries re-encoded partial "
+                "sums, an error no rank's residual holds; use error_feedback=false, or int8 on builtin all-reduce "
+                "(each rank's encoding sent as it is)")
+    return None
+
+
 def ratio_at(c, step: int) -> float:
     """Sparsity warm-up (Deep Gradient Compression): the ratio falls geometrically from warmup_ratio to ratio
     over the first warmup_steps steps, so early, large gradients are not cut to 1% at once."""

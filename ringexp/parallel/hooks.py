@@ -8,8 +8,8 @@
 DDP calls the hook from the autograd engine as soon as a bucket's gradients are ready and expects a
 future. gloo's futures do not cover send/recv, and running the ring inline would block backward until
 the bucket is reduced. So the hook hands the bucket to one worker thread per rank and returns a future
-that the thread completes: backward computes the next bucket while this one travels. The thread runs
-collectives on a process group of its own (separate from the one the training loop uses for its
+that the thread completes: backward computes the next bucket while this one travels. On the default group the
+thread runs collectives on a process group of its own (separate from the one the training loop uses for its
 metrics), and a single thread keeps buckets in the same order on every rank, as collectives require.
 
 The state needs no process group to be built (Lightning builds it before it creates one): its group and thread
@@ -32,8 +32,10 @@ class CommState:
     def __init__(self, algorithm: str = "ring", options: dict | None = None, compressor=None, group=None):
         self.algorithm, self.options, self.compressor = algorithm, dict(options or {}), compressor
         self.parent = group  # the group DDP runs on; None: the whole job
-        self.group = self.executor = self.last = None  # last: the newest bucket handed to the thread
+        self.group = self.executor = None
         self.world = 0
+        self.pending = []  # (the thread's future, DDP's future) of buckets handed over and not yet done
+        self.failed = None  # the first bucket's error: the group is spent, later buckets fail at once
         self.buckets = 0  # buckets the hook was called for: is DDP calling it at all? (Lightning on CPU does not)
 
     def start(self) -> None:
@@ -46,17 +48,22 @@ class CommState:
         self.group = dist.new_group(backend=dist.get_backend()) if self.parent is None else self.parent
         self.world = dist.get_world_size(self.group)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{self.algorithm}")
+        self.failed = None
 
     def close(self) -> None:
-        """End the worker thread (nothing queued still runs) and destroy the group `start` created, unless a
-        collective still waits in it (after a failure: the process is about to end); idempotent. The state can be
+        """End the worker thread (buckets still queued fail) and destroy the group `start` created, unless a
+        collective failed or still runs in it (the process is about to end); idempotent. The state can be
         started again afterwards."""
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
-        idle = self.last is None or self.last.done()  # a group is not destroyed under a collective still waiting
-        if idle and self.group is not None and self.parent is None and dist.is_initialized():
+        for job, fut in self.pending:
+            if job.cancelled():
+                fut.set_exception(RuntimeError("not reduced: the communication hook was closed"))
+        quiet = self.failed is None and all(job.done() for job, _ in self.pending)
+        if quiet and self.group is not None and self.parent is None and dist.is_initialized():
             dist.destroy_process_group(self.group)
-        self.group = self.executor = self.last = None
+        self.group = self.executor = None
+        self.pending = []
 
     def state_dict(self) -> dict:
         """What a resumed run needs to continue bit-for-bit: the compressor's residuals, momentum and step counts
@@ -64,7 +71,10 @@ class CommState:
         return {} if self.compressor is None else {"compressor": self.compressor.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        if self.compressor is not None and state.get("compressor") is not None:
+        if (self.compressor is None) != (state.get("compressor") is None):
+            raise ValueError("this hook state " + ("has no compressor" if self.compressor is None else "compresses")
+                             + ", the saved one " + ("did not" if self.compressor is not None else "did"))
+        if self.compressor is not None:
             self.compressor.load_state_dict(state["compressor"])
 
 
@@ -72,23 +82,27 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     state.start()
     state.buckets += 1
     fut = torch.futures.Future()
-    tensor = bucket.buffer()
-    index = bucket.index()
+    tensor, index = bucket.buffer(), bucket.index()
     layout = [p.numel() for p in bucket.parameters()] if state.compressor is not None else None
+    group, world = state.group, state.world  # as they are now, when DDP hands the bucket over
 
     def run():
+        if state.failed is not None:  # its messages would meet the failed bucket's: fail at once instead
+            fut.set_exception(RuntimeError(f"not reduced: an earlier bucket failed: {state.failed}"))
+            return
         try:
-            tensor.div_(state.world)  # average, as DDP's own hook does (divide first: no overflow)
+            tensor.div_(world)  # average, as DDP's own hook does (divide first: no overflow)
             if state.compressor is None:
-                comm.all_reduce(tensor, state.algorithm, state.group, check=False, **state.options)
+                comm.all_reduce(tensor, state.algorithm, group, check=False, **state.options)
             else:
-                compress.all_reduce(tensor, state.algorithm, state.compressor, index, state.group, layout,
-                                    **state.options)
+                compress.all_reduce(tensor, state.algorithm, state.compressor, index, group, layout, **state.options)
             fut.set_result(tensor)
         except BaseException as e:  # the error reaches backward() through the future
+            state.failed = f"{type(e).__name__}: {e}"
             fut.set_exception(e)
 
-    state.last = state.executor.submit(run)
+    state.pending = [(job, f) for job, f in state.pending if not job.done()]
+    state.pending.append((state.executor.submit(run), fut))
     return fut
 
 
@@ -107,26 +121,33 @@ def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **optio
         takes = ", ".join(o for o in impl.OPTIONS if o != "wire") or "none"
         raise TypeError(f"{algorithm}: no option {unknown[0]!r} (it takes {takes}; a wire format comes from "
                         "compression=)")
-    return CommState(algorithm, options, compressor(compression), group), comm_hook
+    state = compressor(compression, algorithm)
+    if state is not None and state.c.scope != "all":
+        options.setdefault("scope", str(state.c.scope))
+    bad = comm.bad_option(options, None)
+    if bad:
+        raise ValueError(f"{algorithm}: {bad}")
+    return CommState(algorithm, options, state, group), comm_hook
 
 
-def compressor(compression):
-    """A ringexp.compress.State from a name, a dict of CompressionConfig fields (+ momentum) or a CompressionConfig."""
-    if compression is None or compression == "none":
-        return None
-    if isinstance(compression, str):
-        fields = {"name": compression}
+def compressor(compression, algorithm: str):
+    """A ringexp.compress.State from a name, a dict of CompressionConfig fields (+ momentum) or a CompressionConfig;
+    None for no compression."""
+    if compression is None or isinstance(compression, str):
+        fields = {"name": compression or "none"}
     else:
         fields = dict(vars(compression) if isinstance(compression, CompressionConfig) else compression)
     momentum = float(fields.pop("momentum", 0.0))
     c = CompressionConfig(**fields)
-    if c.name == "powersgd":
-        raise ValueError("powersgd is PyTorch's own hook: register torch.distributed.algorithms.ddp_comm_hooks."
-                         "powerSGD_hook.powerSGD_hook with its PowerSGDState instead")
-    if c.name not in compress.COMPRESSORS:
+    if c.name not in compress.COMPRESSORS or c.name == "powersgd":
         names = ", ".join(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))
-        raise ValueError(f"unknown compression {c.name!r}; choose from {names}")
-    if c.momentum_correction and not momentum:
-        raise ValueError("momentum_correction applies your SGD momentum before compressing: pass "
+        raise ValueError("powersgd is PyTorch's own hook: register torch.distributed.algorithms.ddp_comm_hooks."
+                         "powerSGD_hook.powerSGD_hook with its PowerSGDState instead" if c.name == "powersgd"
+                         else f"unknown compression {c.name!r}; choose from {names}")
+    if momentum and not c.momentum_correction:
+        raise ValueError("momentum is for momentum_correction=True only (drop it, or turn that on)")
+    problem = compress.refusal(c, algorithm, f"algorithm {algorithm}")
+    if problem or (c.momentum_correction and not momentum):
+        raise ValueError(problem or "momentum_correction applies your SGD momentum before compressing: pass "
                          "compression={..., 'momentum': <it>} and run SGD without momentum")
-    return compress.State(c, momentum=momentum)
+    return None if c.name == "none" else compress.State(c, momentum=momentum)
