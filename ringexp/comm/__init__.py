@@ -37,7 +37,8 @@ PROBLEMS = ("", "bool tensors have no sum here: convert to an integer dtype",
             "a wire format encodes floats: pass a floating-point tensor (or no wire)",
             "the tensor has elements that share memory (an expanded view): pass .contiguous()",
             "a sparse tensor: pass .to_dense()", "a conjugate view: pass .resolve_conj()",
-            "it passed no tensor", "it asked for an unknown algorithm", "it passed an option its algorithm refuses")
+            "it passed no tensor", "it asked for an unknown algorithm", "it passed an option its algorithm refuses",
+            "a divisor needs a floating-point tensor")
 
 
 def all_reduce(tensor, algorithm: str = "ring", group=None, *, check: bool = True, **options):
@@ -76,6 +77,7 @@ def _mistake(tensor, algorithm: str, options: dict, group) -> tuple:
     code = (1 if tensor.dtype == torch.bool else 2 if tensor.dtype not in DTYPES
             else 5 if tensor.layout != torch.strided else 6 if tensor.is_conj()
             else 3 if options.get("wire") is not None and not tensor.dtype.is_floating_point
+            else 10 if options.get("divisor") is not None and not tensor.dtype.is_floating_point
             else 4 if any(st == 0 and sz > 1 for st, sz in zip(tensor.stride(), tensor.shape, strict=True)) else 0)
     return code, (ValueError(f"{algorithm} all-reduce: {PROBLEMS[code]} (got {tensor.dtype})") if code else None)
 
@@ -91,6 +93,8 @@ def bad_option(o: dict, world) -> str:
     if nodes is not None and not (isinstance(nodes, int) and nodes >= 1 and (world is None or world % nodes == 0)):
         return (f"nodes={nodes!r} must divide the {world} ranks into equal nodes" if world
                 else f"nodes={nodes!r}: must be an integer >= 1")
+    if o.get("divisor") is not None and not (isinstance(o["divisor"], int | float) and o["divisor"] != 0):
+        return f"divisor={o['divisor']!r}: must be a nonzero number"
     if "variant" in o and o["variant"] not in hierarchical.VARIANTS:
         return f"variant={o['variant']!r}: choose {' or '.join(hierarchical.VARIANTS)}"
     if "scope" in o and o["scope"] not in ("all", "inter_node"):

@@ -28,7 +28,7 @@ MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
 DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
 _local = threading.local()
-OPTIONS = ("segment_bytes", "timeout_s", "wire")  # all_reduce's options (ringexp.comm refuses others)
+OPTIONS = ("segment_bytes", "timeout_s", "wire", "divisor")  # all_reduce's options (ringexp.comm refuses others)
 
 
 def chunk_bounds(numel: int, n: int) -> list:
@@ -65,7 +65,7 @@ def _arena(nbytes: int, device):
     return buf
 
 
-def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None) -> None:
+def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None, divisor=None) -> None:
     """Run ring steps `steps` (a range within 0 .. 2n-3) over all segments as one pipeline.
 
     Steps 0 .. n-2 are the reduce-scatter, n-1 .. 2n-3 the all-gather. In both, step s sends chunk r - s
@@ -78,8 +78,10 @@ def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None) -> None:
     chunk is encoded once (and its owner keeps the decoded value, so every rank ends with the same numbers),
     and the all-gather forwards those bytes unchanged.
 
-    `members`: the ranks of `group` that form the ring, in ring order (None: all of them)."""
-    p = _Pipeline(flat, group, members, seg, steps, timeout_s, wire)
+    `members`: the ranks of `group` that form the ring, in ring order (None: all of them). `divisor`: each
+    segment's finished sum is divided by it right after its last add, before the all-gather sends it on (a rank
+    divides the 1/n it finishes, not the whole buffer: a DDP hook's mean costs no pass of its own)."""
+    p = _Pipeline(flat, group, members, seg, steps, timeout_s, wire, divisor)
     for i in range(min(DEPTH, len(p.ops))):
         p.post(i)
     for j in range(p.nseg):  # the first step sends data that is ready now
@@ -97,9 +99,9 @@ def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None) -> None:
 class _Pipeline:
     """The state of one pipelined pass: the (step, segment) operations, receives posted ahead, sends in flight."""
 
-    def __init__(self, flat, group, members, seg, steps, timeout_s, wire):
+    def __init__(self, flat, group, members, seg, steps, timeout_s, wire, divisor=None):
         self.flat, self.group, self.seg, self.steps = flat, group, seg, steps
-        self.timeout_s, self.wire = timeout_s, wire
+        self.timeout_s, self.wire, self.divisor = timeout_s, wire, divisor
         ring, self.r = members_of(group, members)  # our position in the ring; chunks are numbered by position
         self.n = len(ring)
         self.bounds = chunk_bounds(flat.numel(), self.n)
@@ -149,6 +151,8 @@ class _Pipeline:
         wait(work, self.timeout_s, lambda: self.where(s, j, "nothing from", self.left))
         if s < n - 1:
             dst.add_(into) if wire is None else wire.add_into(into, dst)
+            if s == n - 2 and self.divisor is not None:  # this segment of our chunk is complete
+                dst.div_(self.divisor)
         elif wire is not None:
             wire.copy_into(into, dst)
             if s + 1 in self.steps:
@@ -203,12 +207,18 @@ def all_gather(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, 
     _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(n - 1, 2 * n - 2), timeout_s, wire)
 
 
-def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None, **_options):
+def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None, divisor=None,
+               **_options):
+    """Sum `tensor` in place over the ring; with `divisor`, the sum divided by it (the world size: the mean)."""
     n = len(members_of(group, members)[0])
-    if n == 1 or tensor.numel() == 0:
+    if tensor.numel() == 0:
+        return tensor
+    if n == 1:
+        if divisor is not None:
+            tensor.detach().div_(divisor)
         return tensor
     flat = work_copy(tensor)
-    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(2 * n - 2), timeout_s, wire)
+    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(2 * n - 2), timeout_s, wire, divisor)
     return finish(tensor, flat)
 
 

@@ -91,10 +91,13 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
             fut.set_exception(RuntimeError(f"not reduced: an earlier bucket failed: {state.failed}"))
             return
         try:
-            tensor.div_(world)  # average, as DDP's own hook does (divide first: no overflow)
-            if state.compressor is None:
+            if state.compressor is None and state.algorithm == "ring":  # it divides the chunk it finishes
+                comm.all_reduce(tensor, "ring", group, check=False, divisor=world, **state.options)
+            elif state.compressor is None:
+                tensor.div_(world)  # average, as DDP's own hook does (divide first: no overflow)
                 comm.all_reduce(tensor, state.algorithm, group, check=False, **state.options)
             else:
+                tensor.div_(world)
                 compress.all_reduce(tensor, state.algorithm, state.compressor, index, group, layout, **state.options)
             fut.set_result(tensor)
         except BaseException as e:  # the error reaches backward() through the future
@@ -116,11 +119,11 @@ def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **optio
     impl = comm.ALGORITHMS.get(algorithm)
     if impl is None:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(comm.ALGORITHMS)}")
-    unknown = sorted(o for o in options if o not in impl.OPTIONS or o == "wire")
+    unknown = sorted(o for o in options if o not in impl.OPTIONS or o in ("wire", "divisor"))
     if unknown:
-        takes = ", ".join(o for o in impl.OPTIONS if o != "wire") or "none"
+        takes = ", ".join(o for o in impl.OPTIONS if o not in ("wire", "divisor")) or "none"
         raise TypeError(f"{algorithm}: no option {unknown[0]!r} (it takes {takes}; a wire format comes from "
-                        "compression=)")
+                        "compression=, and the hook averages by itself)")
     state = compressor(compression, algorithm)
     if state is not None and state.c.scope != "all":
         options.setdefault("scope", str(state.c.scope))
