@@ -3,6 +3,7 @@ disk while checkpointing, a checkpoint from another configuration, a worker dyin
 
 import contextlib
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -140,3 +141,28 @@ def test_max_restarts_restarts_the_workers_and_finishes_from_the_checkpoint(tmp_
     s = read_summary(run_dir)
     assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5
     assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 31))
+
+
+class Planted:
+    """A pickle that, if unpickled, runs a shell command (writes a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_malicious_fsdp_checkpoint_runs_no_code_on_resume(tmp_path):
+    """torch's DCP reader unpickles `.metadata` with plain pickle: ringexp's must refuse what is not metadata."""
+    src = tmp_path / "src"
+    r = run_cli(src, *TINY, "+parallel=fsdp", "steps=4", "checkpoint.every_steps=2", "logger=none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    newest = sorted((src / "checkpoints").glob("step-*"))[-1]
+    marker = tmp_path / "PWNED"
+    (newest / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
+    r = run_cli(tmp_path / "again", *TINY, "+parallel=fsdp", "steps=6", "logger=none", f"resume={src}")
+    assert not marker.exists(), "the checkpoint ran code"
+    assert r.returncode != 0
+    line = error_line(r.stderr)
+    assert f"{newest / '.metadata'}: refused to load: it asks for posix.system" in line, r.stderr[-3000:]

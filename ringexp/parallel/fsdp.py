@@ -10,9 +10,13 @@ pytorch#132471), and gloo has no reduce-scatter of its own: it all-reduces the w
 slice (pytorch#118911), so FSDP sends about twice the gradient bytes it would on NCCL.
 """
 
+import pickle
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -21,7 +25,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
-from ringexp.errors import ConfigError
+from ringexp.errors import CheckpointError, ConfigError
 from ringexp.parallel.base import Strategy
 
 
@@ -90,7 +94,8 @@ class FSDPStrategy(Strategy):
     def load(self, path, model, opt) -> None:
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optimizer": osd}
-        dcp.load(state, checkpoint_id=path)
+        SafeReader(path).read_metadata()  # refused here, in one line, rather than inside DCP's collective plan
+        dcp.load(state, storage_reader=SafeReader(path))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -164,3 +169,43 @@ def _timed(timer, call, *args, async_op):
     else:
         work.get_future().then(lambda _: timer.end(span))
     return work
+
+
+# What a DCP `.metadata` file holds: torch.distributed.checkpoint's own classes, torch's sizes, dtypes and layouts,
+# and the path type (found by unpickling real checkpoints of this torch). Nothing here runs code when built.
+METADATA_CLASSES = {("torch.distributed.checkpoint.metadata", n) for n in (
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict")}
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, but `.metadata` is read by a restricted unpickler: torch's own reads it with plain
+    pickle.load, so a checkpoint from someone else could run any code on resume. The shards themselves are
+    read by torch with weights_only=True."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = _MetadataUnpickler(f, path).load()
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path}: not a checkpoint's metadata (it holds {type(metadata).__name__})")
+        if getattr(metadata, "storage_meta", None) is None:  # as torch's read_metadata does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, f, path):
+        super().__init__(f)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in METADATA_CLASSES or module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                  torch.dtype):
+            return super().find_class(module, name)
+        raise CheckpointError(f"{self.path}: refused to load: it asks for {module}.{name}, which a checkpoint's "
+                              "metadata never holds (it could run code); this checkpoint is not one ringexp wrote")
