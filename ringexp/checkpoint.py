@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ringexp import parallel, records
+from ringexp.config import AmpMode
 from ringexp.errors import CheckpointError, ConfigError
 
 
@@ -62,11 +63,15 @@ def find(resume, run_dir):
     return found[-1]
 
 
+ADDED_LATER = ("data.num_labels", "fp16 loss scaling (amp=fp16)")  # fingerprint keys older checkpoints lack
+
+
 def fingerprint(cfg, world_size: int) -> dict:
     """What a checkpoint's contents depend on: resuming with any of it changed cannot continue the run."""
     return {"model.name": cfg.model.name, "model.width": cfg.model.width, "world size": world_size,
             "sharded": parallel.STRATEGIES[cfg.parallel.strategy].sharded, "compression.name": cfg.compression.name,
-            "optim.name": str(cfg.optim.name)}
+            "optim.name": str(cfg.optim.name), "data.num_labels": cfg.data.num_labels,
+            "fp16 loss scaling (amp=fp16)": cfg.amp.mode == AmpMode.fp16}
 
 
 def check(path, cfg, world_size: int) -> dict:
@@ -76,8 +81,13 @@ def check(path, cfg, world_size: int) -> dict:
         m = meta(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"resume: {path}/meta.json cannot be read ({e}); pick another checkpoint") from None
+    if not isinstance(m, dict) or not isinstance(m.get("fingerprint"), dict):
+        raise ConfigError(f"resume: {path}/meta.json is not a checkpoint's meta (no fingerprint); pick another "
+                          "checkpoint")
     now = fingerprint(cfg, world_size)
     for key, value in now.items():
+        if key in ADDED_LATER and key not in m["fingerprint"]:  # written before ringexp recorded it
+            continue
         if m["fingerprint"].get(key) != value:
             raise ConfigError(f"resume: {path} was written with {key}={m['fingerprint'].get(key)}, this run has "
                               f"{key}={value}; resume with the same setting, or start a new run (resume=null)")

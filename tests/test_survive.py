@@ -87,13 +87,22 @@ def test_incompatible_checkpoint_is_one_line_naming_the_mismatch(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     for i, (override, words) in enumerate([("model.width=16", "model.width=8, this run has model.width=16"),
                             ("launcher.nproc_per_node=4", "world size=2, this run has world size=4"),
-                            ("+parallel=fsdp", "sharded=False, this run has sharded=True")]):
+                            ("+parallel=fsdp", "sharded=False, this run has sharded=True"),
+                            ("data.num_labels=5", "data.num_labels=8, this run has data.num_labels=5"),
+                            ("amp=fp16", "fp16 loss scaling (amp=fp16)=False, this run has fp16 loss scaling "
+                                         "(amp=fp16)=True")]):
         r = run_cli(tmp_path / f"case{i}", *TINY, "logger=none", f"resume={src}", override)
         assert r.returncode == 2, r.stderr[-2000:]
         line = error_line(r.stderr)
         assert words in line, line
     r = run_cli(tmp_path / "nothing", *TINY, "logger=none", f"resume={tmp_path / 'nope'}")
     assert r.returncode == 2 and "no complete checkpoint" in error_line(r.stderr)
+    newest = sorted((src / "checkpoints").glob("step-*"))[-1]
+    for i, broken in enumerate(["{}", "[]", "null"]):  # a meta.json that parses but is no checkpoint's
+        (newest / "meta.json").write_text(broken)
+        r = run_cli(tmp_path / f"broken{i}", *TINY, "logger=none", f"resume={newest}")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert f"{newest}/meta.json is not a checkpoint's meta" in error_line(r.stderr), r.stderr
 
 
 @contextlib.contextmanager
