@@ -40,12 +40,24 @@ def load_local(paths) -> list:
                 continue
             seen.add(f.parent)
             rows = records.read_rows(f.parent)  # a line cut short by a killed run is dropped, the run kept
-            summary = json.loads(f.read_text())
+            summary = readable_summary(f)
             hydra_overrides = f.parent / ".hydra" / "overrides.yaml"
             if "overrides" not in summary and hydra_overrides.exists():  # a run that failed before it started
                 summary["overrides"] = list(OmegaConf.load(hydra_overrides))
             runs.append({"dir": str(f.parent), "summary": summary, "rows": rows})
     return runs
+
+
+def readable_summary(f: Path) -> dict:
+    """The summary, or one that lists the run as unreadable with its path and why (cut-off text, `[]`, `null`):
+    one broken file must not cost the report of every other run."""
+    try:
+        summary = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return {"status": "unreadable", "error": f"{f}: unreadable ({type(e).__name__}: {e})"}
+    if not isinstance(summary, dict):
+        return {"status": "unreadable", "error": f"{f}: unreadable (holds {type(summary).__name__}, not a summary)"}
+    return summary
 
 
 def load_wandb(path: str, group: str) -> list:

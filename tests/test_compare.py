@@ -74,3 +74,24 @@ def test_compare_reports_a_run_whose_last_row_was_cut_short(tmp_path):
     assert "(all the same)" in r.stdout and (run / "compare.md").is_file()
     runs = load_local([run])
     assert [row["step"] for row in runs[0]["rows"]] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_compare_lists_a_broken_summary_and_reports_the_other_runs(tmp_path):
+    """summary.json of `[]`, `null` or cut-off text: that run is listed as unreadable with its path; the report of
+    the completed run still comes."""
+    good = tmp_path / "sweep" / "0"
+    r = subprocess.run([sys.executable, "-m", "ringexp.train", *TINY, "steps=4", "logger=none",
+                        f"hydra.run.dir={good}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    broken = {"1": "[]", "2": "null", "3": (good / "summary.json").read_text()[:50]}
+    for name, text in broken.items():
+        (tmp_path / "sweep" / name).mkdir()
+        (tmp_path / "sweep" / name / "summary.json").write_text(text)
+    r = subprocess.run([sys.executable, "-m", "ringexp.compare", str(tmp_path / "sweep")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    for name in broken:
+        assert f"{tmp_path / 'sweep' / name / 'summary.json'}: unreadable" in r.stdout, r.stdout
+    assert (tmp_path / "sweep" / "compare.md").is_file()
