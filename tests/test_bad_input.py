@@ -59,6 +59,9 @@ CASES = {
                    "data.root=" + str(bad_csv(f, "path,cat,dog,bird\nimg0.png,1,0,1\nimg1.png,0,0,1\n"
                                                  "img0.png,1,1,0\n"))],
         "labels.csv:4: duplicate path img0.png (first on line 2)"),
+    "csv path outside the root": (
+        lambda f: ["data=image_folder", "data.root=" + str(bad_csv(f, "path,cat,dog,bird\n/etc/passwd,1,0,1\n"))],
+        "labels.csv:2: image /etc/passwd lies outside data.root"),
 }
 
 

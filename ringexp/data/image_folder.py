@@ -24,8 +24,11 @@ def read_labels(cfg):
     path = csv_path(cfg)
     if not path.is_file():
         raise DataError(f"{path}: labels CSV not found; set data.csv=FILE (path, then one 0/1 column per label)")
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    try:  # utf-8-sig: a spreadsheet's byte-order mark before the header is not part of its first name
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the CSV as UTF-8") from None
     if not rows:
         raise DataError(f"{path}:1: the CSV is empty; it needs a header row")
     header = [h.strip() for h in rows[0]]
@@ -38,17 +41,18 @@ def read_labels(cfg):
         raise DataError(f"{path}:1: no label columns besides '{cfg.path_column}'")
     pi, li = header.index(cfg.path_column), [header.index(c) for c in wanted]
     paths, labels, seen = [], [], {}
+    root = Path(cfg.root).resolve()
     for lineno, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(header):
             raise DataError(f"{path}:{lineno}: {len(row)} fields, header has {len(header)}")
-        rel = row[pi].strip()
+        rel = inside(root, row[pi].strip(), f"{path}:{lineno}")
         if rel in seen:
-            raise DataError(f"{path}:{lineno}: duplicate path {rel} (first on line {seen[rel]})")
+            raise DataError(f"{path}:{lineno}: duplicate path {row[pi].strip()} (first on line {seen[rel]})")
         seen[rel] = lineno
-        if not (Path(cfg.root) / rel).is_file():
-            raise DataError(f"{path}:{lineno}: image {rel} not found under {cfg.root}")
+        if not (root / rel).is_file():
+            raise DataError(f"{path}:{lineno}: image {row[pi].strip()} not found under {cfg.root}")
         values = [row[i].strip() for i in li]
         bad = [v for v in values if v not in ("0", "1")]
         if bad:
@@ -58,6 +62,15 @@ def read_labels(cfg):
     if not paths:
         raise DataError(f"{path}: no image rows; add one line per image")
     return paths, wanted, labels
+
+
+def inside(root: Path, rel: str, where: str) -> str:
+    """`rel` as a normalised path relative to `root` (resolved, so `./a//b.png` and `a/b.png` are one image), or
+    DataError if it leads outside the root: `..`, an absolute path, or a symlink out of it."""
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root):
+        raise DataError(f"{where}: image {rel} lies outside data.root {root}; every path must stay inside it")
+    return str(target.relative_to(root))
 
 
 def check_image_folder(cfg, world_size: int) -> None:
