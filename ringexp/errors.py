@@ -17,6 +17,11 @@ class DataError(ConfigError):
     """A problem with the user's data (missing folder, bad CSV, unreadable image); the message names the file."""
 
 
+class RunDirTaken(ConfigError):
+    """The run directory belongs to another run (running now, or finished without resume): nothing may be written
+    into it, not even a failed summary."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the previous one is intact."""
 

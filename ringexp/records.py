@@ -8,11 +8,15 @@
 run is dropped, never fatal.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 from pathlib import Path
 
 import torch
+
+from ringexp.errors import RunDirTaken
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
 
@@ -90,3 +94,24 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir):
+    """Hold `run_dir` for this run: a second run started into it at the same time gets RunDirTaken. An advisory
+    lock (flock) on a file in the directory: the kernel releases it when the process ends, however it ends."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(run_dir) / ".ringexp.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise RunDirTaken(f"{run_dir}: another run is writing there now (pid {f.read().strip() or '?'}); wait "
+                              "for it, or pick another hydra.run.dir") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -5,6 +5,7 @@ directory) and the other ranks compose the same config without Hydra's run direc
 them its directory, so all ranks agree on one.
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -17,8 +18,9 @@ from omegaconf import OmegaConf
 
 from ringexp import checkpoint, records
 from ringexp.config import CONF_DIR, plain
-from ringexp.errors import ConfigError, print_error
+from ringexp.errors import ConfigError, RunDirTaken, print_error
 from ringexp.launch import launch, run_worker, worker_failure
+from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config
 
 log = logging.getLogger("ringexp")
@@ -44,6 +46,11 @@ def prepare(cfg, run_dir: Path):
     """Everything that can reject a configuration before any worker starts (ConfigError): validation, and the
     checkpoint `resume` names, which must exist and fit this configuration. Returns the TrainConfig."""
     config = checked(cfg)
+    held = [name for name, there in ((records.METRICS, (run_dir / records.METRICS).exists()),
+                                     ("checkpoints", bool(checkpoint.complete(run_dir)))) if there]
+    if held and not resume_mode(config):  # appending to another run's records would mix two runs
+        raise RunDirTaken(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or pick "
+                          "another hydra.run.dir")
     ckpt = checkpoint.find(config.resume, run_dir)
     if ckpt:
         checkpoint.check(ckpt, config, world_size(config))
@@ -69,10 +76,21 @@ def fail(run_dir: Path, message: str, code: int) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
 def main(cfg) -> dict | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with contextlib.ExitStack() as held:
+        # one run per directory: the launcher (rank 0 under an external torchrun, task 0 of a Slurm job) holds it
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
+            try:
+                held.enter_context(records.run_lock(run_dir))
+            except RunDirTaken as e:  # nothing is written: the directory is another run's
+                return fail(run_dir, str(e), 2)
+        return run(cfg, run_dir)
+
+
+def run(cfg, run_dir: Path) -> dict | None:
     try:
         config = prepare(cfg, run_dir)
     except ConfigError as e:
-        if not (run_dir / records.SUMMARY).exists():  # an earlier run's summary in this directory stays
+        if not isinstance(e, RunDirTaken) and not (run_dir / records.SUMMARY).exists():  # an earlier run's stays
             records.mark_failed(run_dir, str(e))
         return fail(run_dir, str(e), 2)
     meta = run_meta(config)

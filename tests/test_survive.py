@@ -175,3 +175,24 @@ def test_a_malicious_fsdp_checkpoint_runs_no_code_on_resume(tmp_path):
     assert r.returncode != 0
     line = error_line(r.stderr)
     assert f"{newest / '.metadata'}: refused to load: it asks for posix.system" in line, r.stderr[-3000:]
+
+
+def test_one_run_per_directory(tmp_path):
+    """A second run started into a directory while the first writes there, or after it ended without resume,
+    gets one line and exit 2, and changes nothing the first one wrote."""
+    run_dir = tmp_path / "run"
+    first = start(run_dir, *RUN, "steps=100000")  # still running when the second one starts
+    wait_for_step(first, run_dir, 2)
+    r = run_cli(run_dir, *RUN, "seed=7")
+    assert r.returncode == 2 and "another run is writing there now" in error_line(r.stderr), r.stderr[-2000:]
+    assert first.poll() is None, "the first run is still training"
+    os.killpg(first.pid, signal.SIGTERM)
+    first.communicate(timeout=120)
+    summary, rows = read_summary(run_dir), (run_dir / "metrics.jsonl").read_bytes()
+    steps = [row["step"] for row in read_rows(run_dir)]
+    assert steps == list(range(1, len(steps) + 1)), steps  # one run's rows, every step once
+    r = run_cli(run_dir, *RUN, "seed=7")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"{run_dir} already holds a run (metrics.jsonl" in error_line(r.stderr), r.stderr
+    assert "continue it with resume=auto, or pick another hydra.run.dir" in error_line(r.stderr)
+    assert read_summary(run_dir) == summary and (run_dir / "metrics.jsonl").read_bytes() == rows
