@@ -182,12 +182,14 @@ def test_one_run_per_directory(tmp_path):
     gets one line and exit 2, and changes nothing the first one wrote."""
     run_dir = tmp_path / "run"
     first = start(run_dir, *RUN, "steps=100000")  # still running when the second one starts
-    wait_for_step(first, run_dir, 2)
-    r = run_cli(run_dir, *RUN, "seed=7")
-    assert r.returncode == 2 and "another run is writing there now" in error_line(r.stderr), r.stderr[-2000:]
-    assert first.poll() is None, "the first run is still training"
-    os.killpg(first.pid, signal.SIGTERM)
-    first.communicate(timeout=120)
+    try:
+        wait_for_step(first, run_dir, 2)
+        r = run_cli(run_dir, *RUN, "seed=7")
+        assert r.returncode == 2 and "another run is writing there now" in error_line(r.stderr), r.stderr[-2000:]
+        assert first.poll() is None, "the first run is still training"
+    finally:  # the first run and its workers (one process group) end here, whatever the outcome
+        os.killpg(first.pid, signal.SIGTERM)
+        first.communicate(timeout=120)
     summary, rows = read_summary(run_dir), (run_dir / "metrics.jsonl").read_bytes()
     steps = [row["step"] for row in read_rows(run_dir)]
     assert steps == list(range(1, len(steps) + 1)), steps  # one run's rows, every step once
