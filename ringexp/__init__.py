@@ -6,11 +6,10 @@ As a library (docs/library.md):
     ringexp.settle_buckets(ddp_model, example_input): DDP's final bucket layout before a resumed hook's first step
 """
 
-from ringexp import comm, compress
+from ringexp import comm
 from ringexp.comm import all_reduce
 from ringexp.parallel.ddp import settle_buckets
-from ringexp.parallel.hooks import CommState, ddp_comm_hook
+from ringexp.parallel.hooks import COMPRESSIONS, CommState, ddp_comm_hook
 
 ALGORITHMS = tuple(comm.ALGORITHMS)
-COMPRESSIONS = tuple(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))  # what the hook takes
 __all__ = ["ALGORITHMS", "COMPRESSIONS", "CommState", "all_reduce", "ddp_comm_hook", "settle_buckets"]

@@ -24,6 +24,8 @@ import torch.distributed as dist
 from ringexp import comm, compress
 from ringexp.config import CompressionConfig
 
+COMPRESSIONS = tuple(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))  # what the hook takes
+
 
 class CommState:
     """What the hook carries: the algorithm and its options, a compressor (a ringexp.compress.State, holding
@@ -143,7 +145,7 @@ def compressor(compression, algorithm: str):
     momentum = float(fields.pop("momentum", 0.0))
     c = CompressionConfig(**fields)
     if c.name not in compress.COMPRESSORS or c.name == "powersgd":
-        names = ", ".join(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))
+        names = ", ".join(COMPRESSIONS)
         raise ValueError("powersgd is PyTorch's own hook: register torch.distributed.algorithms.ddp_comm_hooks."
                          "powerSGD_hook.powerSGD_hook with its PowerSGDState instead" if c.name == "powersgd"
                          else f"unknown compression {c.name!r}; choose from {names}")
