@@ -4,6 +4,7 @@ entry point."""
 
 import logging
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -15,6 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from ringexp import dist as rdist
+from ringexp import stop
 from ringexp.config import Device
 from ringexp.errors import one_line, peer_lost
 from ringexp.trainer import Trainer
@@ -41,7 +43,8 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
     # The agent logs a dead worker's traceback and every signal it sends; ringexp reports the failure in one
     # line instead (worker_failure), and the workers' own logs stay in the run directory.
     if not os.environ.get("HYDRA_FULL_ERROR"):
-        for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+        for name in ("torch.distributed.elastic", "torch.distributed.elastic.multiprocessing.errors",
+                     "torch.multiprocessing.spawn"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     if max_restarts:
         # Workers otherwise share the agent's rendezvous store across restarts, where the dead round's keys
@@ -53,9 +56,11 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
         # Port 0: the rendezvous store picks a free port, so consecutive or concurrent jobs never collide.
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",
         start_method=start_method, max_restarts=max_restarts, monitor_interval=0.1,
+        signals_to_handle=stop.TORCH_HANDLES,
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir or tempfile.mkdtemp(prefix="ringexp-"))),
     )
-    return elastic_launch(config, fn)(*args)
+    with stop.launching():
+        return elastic_launch(config, fn)(*args)
 
 
 def launch(cfg, run_dir: Path, meta: dict):
@@ -88,7 +93,30 @@ def forked_worker(cfg, run_dir: str, meta: dict):
 
 
 def run_worker(cfg, run_dir, meta):
-    """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary."""
+    """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary, or
+    stop.INTERRUPTED on every rank when the job was asked to stop (Ctrl-C, SIGTERM: ringexp.stop)."""
+    stop.take_over()
+    if stop.requested():  # the launcher was interrupted while it started this worker
+        return stop.INTERRUPTED
+    try:
+        return train_rank(cfg, run_dir, meta)
+    except BaseException as e:
+        # A peer that stopped first breaks this rank's collective: wait for this rank's own signal, which is on
+        # its way (and, if none comes, linger a moment anyway, so that the launcher, which reports the first
+        # worker it sees fail, sees the dead peer, the cause, before this one).
+        deadline = time.monotonic() + (2 if peer_lost(str(e)) else 0)
+        while not stop.requested() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not stop.requested():
+            raise
+        log.info("stopped on request (%s)", one_line(str(e)) or type(e).__name__)
+        stop.release()
+        if stop.agent_stopping():
+            raise SystemExit(128 + signal.SIGTERM) from None
+        return stop.INTERRUPTED
+
+
+def train_rank(cfg, run_dir, meta):
     env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker, cfg.parallel.timeout_s)
     try:
         # Ranks started by an external torchrun each composed the config; rank 0 alone made the run dir.
@@ -101,12 +129,6 @@ def run_worker(cfg, run_dir, meta):
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         return Trainer(cfg, env, run_dir, meta).train()
-    except Exception as e:
-        if peer_lost(str(e)):
-            # A consequence: a peer died. Linger a moment, so that the launcher, which reports the first worker
-            # it sees fail, sees the dead peer (the cause) before this one.
-            time.sleep(2)
-        raise
     finally:
         rdist.cleanup()
 

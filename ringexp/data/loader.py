@@ -6,6 +6,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from ringexp import stop
 from ringexp.data import collate
 from ringexp.errors import DataError
 
@@ -29,7 +30,7 @@ def loaders(cfg, train_ds, val_ds, rank: int, world_size: int, seed: int, cuda: 
     # Loaders draw their worker seeds from generators of their own: the global RNG (dropout) then advances the
     # same way in a run and in its resumption, which restores the RNG at the step it continues from.
     kw = dict(num_workers=cfg.num_workers, pin_memory=cuda, persistent_workers=cfg.num_workers > 0,
-              collate_fn=collate(cfg))
+              collate_fn=collate(cfg), worker_init_fn=quiet_worker)
     train = DataLoader(train_ds, batch_size=bs, sampler=sampler, drop_last=True,
                        generator=torch.Generator().manual_seed(seed), **kw)
     if len(train) == 0:
@@ -39,6 +40,11 @@ def loaders(cfg, train_ds, val_ds, rank: int, world_size: int, seed: int, cuda: 
     val = DataLoader(Subset(val_ds, range(rank, len(val_ds), world_size)), batch_size=2 * bs,
                      generator=torch.Generator().manual_seed(seed), **kw)
     return train, val
+
+
+def quiet_worker(worker_id: int) -> None:
+    """A loader worker ignores Ctrl-C sent to the whole process group: its trainer stops it."""
+    stop.ignore()
 
 
 def batches(loader, device, timer: dict, pos: dict):
