@@ -11,11 +11,14 @@
 Each rank writes its own small file rather than gathering it to rank 0: error-feedback residuals are as large
 as the gradients, and N of them in rank 0's memory would be the largest thing in the job.
 
-Every rank writes into step-N.tmp; when all have succeeded, rank 0 writes meta.json and renames the directory.
-A crash, a kill or a full disk while writing leaves the previous checkpoint the newest complete one.
+Every rank writes into step-N.tmp; when all have succeeded, rank 0 writes meta.json, with the size and SHA-256 of
+every file, and renames the directory. A crash, a kill or a full disk while writing leaves the previous checkpoint
+the newest complete one; a file damaged later (cut short, deleted, overwritten) is found by `damage` before
+anything is loaded, and resume=auto then takes the newest intact checkpoint, saying which it skipped and why.
 Loading uses torch.load(weights_only=True): a checkpoint holds tensors and plain values only.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -28,7 +31,7 @@ import torch.distributed as dist
 
 from ringexp import parallel, records
 from ringexp.config import AmpMode
-from ringexp.errors import CheckpointError, ConfigError
+from ringexp.errors import CheckpointError, ConfigError, one_line
 
 
 def folder(run_dir) -> Path:
@@ -45,22 +48,90 @@ def meta(path) -> dict:
     return json.loads((Path(path) / "meta.json").read_text())
 
 
-def find(resume, run_dir):
-    """The checkpoint to continue from: None (a fresh start), auto (the newest in this run directory, if any),
-    or a path to a checkpoint or to a run directory (its newest); ConfigError if the path holds none."""
+def find(resume, run_dir) -> tuple:
+    """(the checkpoint to continue from, [the damaged ones skipped, each 'name: why']): None for a fresh start;
+    resume=auto: the newest intact one in this run directory, if any; a path: that checkpoint, or a run
+    directory's newest intact one. ConfigError naming the file when the one asked for is damaged or none is left."""
     if not resume:
-        return None
+        return None, []
     if resume == "auto":
-        found = complete(run_dir)
-        return found[-1] if found else None
+        return newest_intact(run_dir, required=False)
     path = Path(resume)
     if (path / "meta.json").is_file():
-        return path
-    found = complete(path)
-    if not found:
-        raise ConfigError(f"resume={resume}: no complete checkpoint there; give a run directory with checkpoints/ "
+        problem = damage(path)
+        if problem:
+            raise ConfigError(f"resume: {path}/{problem}; resume from another checkpoint (resume=auto takes the "
+                              "newest intact one)")
+        return path, []
+    return newest_intact(path, required=True)
+
+
+def newest_intact(run_dir, required: bool) -> tuple:
+    found, skipped = complete(run_dir), []
+    for path in reversed(found):
+        problem = damage(path)
+        if problem is None:
+            return path, skipped
+        skipped.append(f"{path.name}: {problem}")
+    if not found and required:
+        raise ConfigError(f"resume={run_dir}: no complete checkpoint there; give a run directory with checkpoints/ "
                           "or a checkpoints/step-N directory (or resume=auto)")
-    return found[-1]
+    if skipped:
+        raise ConfigError(f"resume: every checkpoint in {folder(run_dir)} is damaged ({'; '.join(skipped)}); remove "
+                          "them to start over there, or resume from another run (resume=PATH)")
+    return None, []
+
+
+def digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def manifest(path: Path) -> dict:
+    """Size and SHA-256 of every file of a checkpoint being written (what `damage` checks)."""
+    return {p.name: {"bytes": p.stat().st_size, "sha256": digest(p)}
+            for p in sorted(path.iterdir()) if p.is_file() and p.name != "meta.json"}
+
+
+def damage(path) -> str | None:
+    """What is wrong with a complete checkpoint, as 'file: why', or None if it is intact: meta.json unreadable or
+    not a checkpoint's, a file it lists missing, of another size or checksum. (Checkpoints written before ringexp
+    recorded sizes: every rank's file must be there.)"""
+    try:
+        m = meta(path)
+    except (OSError, ValueError) as e:
+        return f"meta.json cannot be read ({e})"
+    if not isinstance(m, dict) or not isinstance(m.get("fingerprint"), dict):
+        return "meta.json is not a checkpoint's meta (no fingerprint)"
+    world = m.get("world_size") if isinstance(m.get("world_size"), int) else 0
+    files = m.get("files", {f"rank{r}.pt": {} for r in range(world)})
+    if not isinstance(files, dict) or not all(isinstance(v, dict) and Path(k).name == k for k, v in files.items()):
+        return "meta.json is not a checkpoint's meta (its file list is malformed)"
+    for name, want in files.items():
+        file = Path(path) / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if "bytes" in want and size != want["bytes"]:
+            return f"{name} is {size} bytes, meta.json says {want['bytes']} (cut short or replaced)"
+        if "sha256" in want and digest(file) != want["sha256"]:
+            return f"{name} does not match its SHA-256 in meta.json (damaged or replaced)"
+    return None
+
+
+def choose(mode, run_dir, env) -> tuple:
+    """`find`, by rank 0 (which reads every file once) for every rank: all continue from the same checkpoint."""
+    answer = [None, [], None]
+    if env.is_main:
+        try:
+            answer[:2] = find(mode, run_dir)
+        except ConfigError as e:
+            answer[2] = str(e)
+    if dist.is_initialized() and env.world_size > 1:
+        dist.broadcast_object_list(answer, src=0)
+    if answer[2]:
+        raise ConfigError(answer[2])
+    return answer[0], answer[1]
 
 
 ADDED_LATER = ("data.num_labels", "fp16 loss scaling (amp=fp16)")  # fingerprint keys older checkpoints lack
@@ -77,13 +148,7 @@ def fingerprint(cfg, world_size: int) -> dict:
 def check(path, cfg, world_size: int) -> dict:
     """The checkpoint's meta, after checking that this configuration can continue it (ConfigError naming the
     first mismatch otherwise)."""
-    try:
-        m = meta(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"resume: {path}/meta.json cannot be read ({e}); pick another checkpoint") from None
-    if not isinstance(m, dict) or not isinstance(m.get("fingerprint"), dict):
-        raise ConfigError(f"resume: {path}/meta.json is not a checkpoint's meta (no fingerprint); pick another "
-                          "checkpoint")
+    m = meta(path)  # (`find` chose it: intact)
     now = fingerprint(cfg, world_size)
     for key, value in now.items():
         if key in ADDED_LATER and key not in m["fingerprint"]:  # written before ringexp recorded it
@@ -160,6 +225,7 @@ def _fresh_dir(tmp: Path) -> None:
 
 def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
     """Rank 0, once every rank has written: meta.json last, then the rename that makes the checkpoint complete."""
+    m["files"] = manifest(tmp)
     records.write_text(tmp / "meta.json", json.dumps(m, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -178,7 +244,19 @@ def fail(run_dir, step: int, error: str, env):
 
 
 def load(path, env, strategy, model, opt) -> dict:
-    """Model and optimizer (through the strategy) into the wrapped model; returns this rank's own state."""
+    """Model and optimizer (through the strategy) into the wrapped model; returns this rank's own state.
+    CheckpointError naming the file when one cannot be loaded."""
     path = Path(path)
-    strategy.load(path, model, opt)
-    return records.load_tensors(path / f"rank{env.rank}.pt")
+    try:
+        strategy.load(path, model, opt)
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"resume: {path}: the model cannot be loaded ({type(e).__name__}: "
+                              f"{one_line(str(e))}); resume from another checkpoint (resume=PATH)") from None
+    own = path / f"rank{env.rank}.pt"
+    try:
+        return records.load_tensors(own)
+    except Exception as e:
+        raise CheckpointError(f"resume: {own} cannot be loaded ({type(e).__name__}: {one_line(str(e))}); resume "
+                              "from another checkpoint (resume=PATH)") from None

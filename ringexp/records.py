@@ -9,9 +9,11 @@ run is dropped, never fatal.
 """
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -52,13 +54,44 @@ def read_summary(run_dir) -> dict:
 def write_summary(run_dir, summary: dict) -> None:
     """summary.json, replaced atomically: a reader sees the old one or the new one, never half of either."""
     tmp = Path(run_dir) / f"{SUMMARY}.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, Path(run_dir) / SUMMARY)
 
 
 def mark_failed(run_dir, error: str) -> None:
-    """A summary.json that says the run failed and why; metrics.jsonl, checkpoints and logs stay as they are."""
-    write_summary(run_dir, {"status": "failed", "error": error})
+    """A summary.json that says the run failed and why; metrics.jsonl, checkpoints and logs stay as they are. A
+    completed run's summary is never replaced: a failed or interrupted resumption of it leaves it as it was (its
+    failure is in the one line printed, the exit code and the workers' logs)."""
+    try:
+        if read_summary(run_dir).get("status") == "completed":
+            return
+    except (OSError, ValueError, AttributeError):  # none yet, or unreadable
+        pass
+    with contextlib.suppress(OSError):  # a full disk: the one line printed says it all, and nothing is lost
+        write_summary(run_dir, {"status": "failed", "error": error})
+
+
+def cannot_write(path):
+    """The OSError that stops 64 KiB from being written into directory `path`, or None."""
+    try:
+        with tempfile.TemporaryFile(dir=path) as f:
+            f.write(b"\0" * 65536)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return e
+    return None
+
+
+def disk_full(path) -> bool:
+    """True when the file system holding `path` cannot take 64 KiB more: the cause to name when a job failed with
+    an error that hides it (an empty error file, a JSON file cut short)."""
+    e = cannot_write(path)
+    return e is not None and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def save_tensors(path: Path, obj) -> None:

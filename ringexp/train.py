@@ -5,10 +5,16 @@ directory) and the other ranks compose the same config without Hydra's run direc
 them its directory, so all ranks agree on one.
 """
 
+import sys
+
+from ringexp import stop
+
+if __name__ == "__main__":  # Ctrl-C while torch and Hydra load: one line, not an import traceback
+    stop.while_loading()
+
 import contextlib
 import logging
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -18,7 +24,7 @@ from omegaconf import OmegaConf
 
 from ringexp import checkpoint, records
 from ringexp.config import CONF_DIR, plain
-from ringexp.errors import ConfigError, RunDirTaken, print_error
+from ringexp.errors import ConfigError, RunDirTaken, print_error, print_warning
 from ringexp.launch import launch, run_worker, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config
@@ -51,7 +57,9 @@ def prepare(cfg, run_dir: Path):
     if held and not resume_mode(config):  # appending to another run's records would mix two runs
         raise RunDirTaken(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or pick "
                           "another hydra.run.dir")
-    ckpt = checkpoint.find(config.resume, run_dir)
+    ckpt, skipped = checkpoint.find(config.resume, run_dir)
+    for damaged in skipped:
+        print_warning(f"resume: skipping damaged checkpoint {damaged}; continuing from {ckpt.name}")
     if ckpt:
         checkpoint.check(ckpt, config, world_size(config))
     return config
@@ -99,19 +107,35 @@ def run(cfg, run_dir: Path) -> dict | None:
              run_dir)
     try:
         summary = launch(config, run_dir, meta)
+    except KeyboardInterrupt:  # before the workers started
+        return interrupted(run_dir)
     except Exception as e:  # a worker died or raised: say so in the run directory, keep records and checkpoints
+        if stop.requested():  # ... because it was asked to stop
+            return interrupted(run_dir)
         message, code = worker_failure(e)
+        if records.disk_full(run_dir):  # the real cause, which an empty error file or a cut JSON file hides
+            message = f"the disk holding {run_dir} is full ({message}); free some space"
         records.mark_failed(run_dir, message[:2000])
         kept = checkpoint.complete(run_dir)
         if kept and "resume=auto" not in message:
             message += f" (last checkpoint: {kept[-1]}; resume=auto hydra.run.dir={run_dir} continues from it)"
         return fail(run_dir, message, code)
-    except BaseException:  # Ctrl-C: say so in the run directory, keep the records
-        records.mark_failed(run_dir, "interrupted")
-        raise
+    if summary == stop.INTERRUPTED or stop.requested():
+        return interrupted(run_dir)
     if summary is not None:
         report(summary, run_dir)
     return summary
+
+
+def interrupted(run_dir: Path) -> None:
+    """Ctrl-C or a termination signal, once the workers have stopped: one line, exit code 130 (also in a sweep,
+    whose remaining jobs are not started)."""
+    records.mark_failed(run_dir, "interrupted")
+    kept = checkpoint.complete(run_dir)
+    where = (f"; resume=auto hydra.run.dir={run_dir} continues from {kept[-1].name}" if kept else
+             "; no checkpoint was written (checkpoint.every_steps)")
+    print_error(f"interrupted{where}")
+    sys.exit(stop.EXIT_CODE)
 
 
 def report(summary: dict, run_dir: Path) -> None:
@@ -143,16 +167,37 @@ def check_argv(args: list) -> None:
             raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
 
 
+def check_run_dir(args: list) -> None:
+    """A run or sweep directory given on the command line must be one this user can create and write into, with
+    room to spare: Hydra's answer otherwise is a traceback. (It is created here, as Hydra would create it.)"""
+    for a in args:
+        key, _, value = a.partition("=")
+        if key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
+            try:
+                Path(value).mkdir(parents=True, exist_ok=True)
+                error = records.cannot_write(value)
+            except OSError as e:
+                error = e
+            if error is not None:
+                raise ConfigError(f"{key}={value}: cannot write there ({error.strerror or error}); free some space "
+                                  "there or pick another directory")
+
+
 def cli() -> None:
+    stop.default()  # the imports are done: until workers start, Ctrl-C is Python's KeyboardInterrupt
     try:
         check_argv(sys.argv[1:])
+        check_run_dir(sys.argv[1:])
+        if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+            worker_rank_main()
+        else:
+            main()
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)
-    if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
-        worker_rank_main()
-    else:
-        main()
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        sys.exit(stop.EXIT_CODE)
 
 
 if __name__ == "__main__":

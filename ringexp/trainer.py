@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ringexp import checkpoint, parallel, profiling
+from ringexp import checkpoint, parallel, profiling, stop
 from ringexp import dist as rdist
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
@@ -66,7 +66,7 @@ class Trainer:
         t_start = time.perf_counter()
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
         self.mode = resume_mode(cfg)
-        self.ckpt = checkpoint.find(self.mode, run_dir)
+        self.ckpt, self.skipped = checkpoint.choose(self.mode, run_dir, env)
         resumed = checkpoint.check(self.ckpt, cfg, env.world_size) if self.ckpt else {}
         self.start = resumed.get("step", 0)
         train_ds, val_ds, self.num_labels = build_datasets(cfg.data)
@@ -82,6 +82,7 @@ class Trainer:
         # what a batch looks like (every data set gives 3 x image_size x image_size), for DDP to settle its buckets
         example = torch.zeros(2, 3, cfg.data.image_size, cfg.data.image_size, device=env.device)
         self.model = self.strategy.wrap(model, self.recorder.comm_timer, example)
+        self.no_samples = example[:0]  # the input of a forward with nothing to evaluate
         self.no_sync = partial(self.strategy.no_sync, self.model)
         global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
         self.opt, self.sched = build_optimizer(self.model, cfg.optim, global_batch, cfg.steps,
@@ -114,6 +115,8 @@ class Trainer:
         log.info("rank %d/%d (pid %d) on %s: %s, global batch %d", self.env.rank, self.env.world_size, os.getpid(),
                  self.env.device, self.recorder.meta["name"], self.recorder.global_batch)
         if own is not None:
+            for damaged in self.skipped:
+                log.warning("skipped damaged checkpoint %s", damaged)
             log.info("resumed from %s (step %d)", self.ckpt, self.start)
             checkpoint.set_rng_state(own["rng"], self.env.device)
 
@@ -123,6 +126,7 @@ class Trainer:
         try:
             self.recorder.step_done(excluded=True)  # the first step's time starts here, set-up left out
             for step in range(self.start + 1, cfg.steps + 1):
+                stop.check()  # Ctrl-C or SIGTERM: stop here, between steps (ringexp.stop)
                 evaluates = step % cfg.eval_every == 0 or step == cfg.steps
                 saves = bool(cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0) or step == cfg.steps
                 row = self.train_step(step, due=evaluates or saves)
@@ -199,7 +203,8 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict:
         """Validation loss, AUROC and F1 over the whole validation set (every rank its shard); their row entries."""
-        val = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device, self.autocast)
+        val = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device, self.autocast,
+                       self.no_samples)
         return self.recorder.evaluation(step, val)
 
     def checkpoint(self, step: int) -> None:
@@ -214,7 +219,10 @@ class Trainer:
         """The summary (rank 0; None elsewhere), once every step has run."""
         if self.state is None:  # resumed at the last step: nothing left to run
             self.state = state_bytes(self.model, self.opt)
-        extra = {"skipped_steps": int(self.skipped_steps), "data_skipped_bad": self.recorder.skipped_bad,
+        # unreadable images skipped (data.skip_bad): in training so far, and in the validation set
+        val_skipped = self.recorder.evals[-1].get("skipped_bad", 0) if self.recorder.evals else 0
+        extra = {"skipped_steps": int(self.skipped_steps), "data_skipped_bad": self.recorder.skipped_bad + val_skipped,
                  "checkpoint": str(self.saved) if self.saved else None,
-                 "resumed_from": {"checkpoint": str(self.ckpt), "step": self.start} if self.ckpt else None}
+                 "resumed_from": {"checkpoint": str(self.ckpt), "step": self.start, "skipped": self.skipped}
+                 if self.ckpt else None}
         return self.recorder.finish(self.state, extra, self.profile)
