@@ -9,6 +9,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAUROC, MultilabelF1Score
+from torchmetrics.utilities.distributed import gather_all_tensors
+
+from ringexp.errors import DataError
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -20,51 +23,62 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def evaluate(model, loader, num_labels: int, device: torch.device, autocast) -> dict:
-    """Validation loss, macro/micro AUROC and F1@0.5 over this rank's shard, synchronised across ranks.
+def evaluate(model, loader, num_labels: int, device: torch.device, autocast, empty: torch.Tensor) -> dict:
+    """Validation loss, macro/micro AUROC and F1@0.5 over the whole validation set, every rank its shard.
 
-    The loader must hold a disjoint shard per rank (not DistributedSampler, which pads by repeating
-    samples); torchmetrics then gathers the shards, uneven or not, so every sample counts exactly once.
+    The loader must hold a disjoint shard per rank (not DistributedSampler, which pads by repeating samples);
+    the shards' predictions are gathered, uneven or empty (a shard whose images were all unreadable), so every
+    sample counts exactly once. `empty`: an input batch of no samples, for the forwards a rank runs with nothing
+    left to evaluate.
     """
-    metrics = MetricCollection({
-        "auroc_macro": MultilabelAUROC(num_labels, average="macro"),
-        "auroc_micro": MultilabelAUROC(num_labels, average="micro"),
-        "f1_macro": MultilabelF1Score(num_labels, threshold=0.5, average="macro"),
-        "f1_micro": MultilabelF1Score(num_labels, threshold=0.5, average="micro"),
-    }).to(device)
     was_training = model.training
     model.eval()
-    loss_count = torch.zeros(2, device=device, dtype=torch.float64)
+    loss_count = torch.zeros(3, device=device, dtype=torch.float64)  # loss sum, samples, unreadable samples
     # Shards may differ by a batch; a sharded model (FSDP) gathers parameters in every forward, so each rank
     # runs as many forwards as the longest shard (the extra ones on an empty batch).
     forwards = torch.tensor([len(loader)], device=device)
     if dist.is_initialized():
         dist.all_reduce(forwards, op=dist.ReduceOp.MAX)
-    empty, ran = None, 0
+    probs, targets = [torch.zeros(0, num_labels, device=device)], [torch.zeros(0, num_labels, device=device)]
     for batch in loader:
         if batch is None:  # nothing readable in it (data.skip_bad): made up by an empty forward below
             continue
-        ran += 1
         x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
         with autocast():
-            logits = model(x)
-        logits = logits.float()
+            logits = model(x).float()
         loss_count[0] += F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / num_labels
         loss_count[1] += len(y)
-        metrics.update(torch.sigmoid(logits), y.int())
-        empty = x[:0]
-    for _ in range(int(forwards) - ran):
-        if empty is None:
-            empty = loader.dataset.dataset[0][0].unsqueeze(0)[:0].to(device)
+        probs.append(torch.sigmoid(logits))
+        targets.append(y)
+    for _ in range(int(forwards) - (len(probs) - 1)):
         with autocast():
             model(empty)
     model.train(was_training)
-    if dist.is_initialized():
+    loss_count[2] = len(loader.dataset) - loss_count[1]  # dropped by data.skip_bad
+    probs, targets = torch.cat(probs), torch.cat(targets)
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(loss_count)
-    out = {k: float(v) for k, v in metrics.compute().items()}
+        probs, targets = torch.cat(gather_all_tensors(probs)), torch.cat(gather_all_tensors(targets))
+    if loss_count[1] == 0:
+        raise DataError(f"none of the {int(loss_count[2])} validation images could be read (data.skip_bad skipped "
+                        "them all); fix the images or the CSV")
+    out = {k: float(v) for k, v in quality(probs, targets.int(), num_labels).items()}
     out["loss"] = float(loss_count[0] / loss_count[1])
     out["samples"] = int(loss_count[1])
+    out["skipped_bad"] = int(loss_count[2])
     return out
+
+
+def quality(probs: torch.Tensor, targets: torch.Tensor, num_labels: int) -> dict:
+    """Macro and micro AUROC and F1@0.5 of the whole set (already gathered: no synchronisation here)."""
+    metrics = MetricCollection({
+        "auroc_macro": MultilabelAUROC(num_labels, average="macro", sync_on_compute=False),
+        "auroc_micro": MultilabelAUROC(num_labels, average="micro", sync_on_compute=False),
+        "f1_macro": MultilabelF1Score(num_labels, threshold=0.5, average="macro", sync_on_compute=False),
+        "f1_micro": MultilabelF1Score(num_labels, threshold=0.5, average="micro", sync_on_compute=False),
+    }).to(probs.device)
+    metrics.update(probs, targets)
+    return metrics.compute()
 
 
 def local_bytes(t: torch.Tensor) -> int:

@@ -3,6 +3,7 @@
 import csv
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
@@ -116,12 +117,29 @@ class ImageFolderMultiLabel(Dataset):
         path = self.root / self.paths[idx]
         try:
             with Image.open(path) as im:
-                return self.transform(im.convert("RGB")), self.labels[idx]
-        except (OSError, SyntaxError, ValueError) as e:  # PIL's unreadable / truncated / corrupt image errors
+                return self.transform(rgb(im)), self.labels[idx]
+        # PIL's unreadable / truncated / corrupt images, and images so large that decoding them could exhaust
+        # memory (a decompression bomb: over twice PIL's MAX_IMAGE_PIXELS)
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
             if self.skip_bad:
                 return None  # dropped by the loader's collate and counted (data/skipped_bad)
             raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e}); fix or remove it, or set "
                               "data.skip_bad=true to skip unreadable images") from None
+
+
+def rgb(im):
+    """An image as 8-bit RGB. 16-bit greyscale (PNG, TIFF) is scaled, not clipped: PIL's own convert('RGB') cuts
+    every value above 255 to white, which turns a 16-bit image into a near-binary one."""
+    from PIL import Image
+
+    if im.mode.startswith("I;16") or im.mode == "I":  # ("I": how some PIL versions read 16-bit PNGs)
+        a = np.asarray(im)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise ValueError(f"mode {im.mode} image with values outside 0-65535; save it as 8- or 16-bit")
+        im = Image.fromarray((a.astype(np.uint32) >> 8).astype(np.uint8), "L")
+    elif im.mode == "F":  # floating point: no fixed range to scale from
+        raise ValueError("32-bit floating-point images are not supported; save it as 8- or 16-bit")
+    return im.convert("RGB")
 
 
 def image_folder_splits(cfg):
