@@ -3,7 +3,6 @@ disk while checkpointing, a checkpoint from another configuration, a worker dyin
 
 import contextlib
 import os
-import pickle
 import re
 import signal
 import subprocess
@@ -150,51 +149,3 @@ def test_max_restarts_restarts_the_workers_and_finishes_from_the_checkpoint(tmp_
     s = read_summary(run_dir)
     assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5
     assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 31))
-
-
-class Planted:
-    """A pickle that, if unpickled, runs a shell command (writes a marker file)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
-def test_a_malicious_fsdp_checkpoint_runs_no_code_on_resume(tmp_path):
-    """torch's DCP reader unpickles `.metadata` with plain pickle: ringexp's must refuse what is not metadata."""
-    src = tmp_path / "src"
-    r = run_cli(src, *TINY, "+parallel=fsdp", "steps=4", "checkpoint.every_steps=2", "logger=none")
-    assert r.returncode == 0, r.stderr[-2000:]
-    newest = sorted((src / "checkpoints").glob("step-*"))[-1]
-    marker = tmp_path / "PWNED"
-    (newest / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
-    r = run_cli(tmp_path / "again", *TINY, "+parallel=fsdp", "steps=6", "logger=none", f"resume={src}")
-    assert not marker.exists(), "the checkpoint ran code"
-    assert r.returncode != 0
-    line = error_line(r.stderr)
-    assert f"{newest / '.metadata'}: refused to load: it asks for posix.system" in line, r.stderr[-3000:]
-
-
-def test_one_run_per_directory(tmp_path):
-    """A second run started into a directory while the first writes there, or after it ended without resume,
-    gets one line and exit 2, and changes nothing the first one wrote."""
-    run_dir = tmp_path / "run"
-    first = start(run_dir, *RUN, "steps=100000")  # still running when the second one starts
-    try:
-        wait_for_step(first, run_dir, 2)
-        r = run_cli(run_dir, *RUN, "seed=7")
-        assert r.returncode == 2 and "another run is writing there now" in error_line(r.stderr), r.stderr[-2000:]
-        assert first.poll() is None, "the first run is still training"
-    finally:  # the first run and its workers (one process group) end here, whatever the outcome
-        os.killpg(first.pid, signal.SIGTERM)
-        first.communicate(timeout=120)
-    summary, rows = read_summary(run_dir), (run_dir / "metrics.jsonl").read_bytes()
-    steps = [row["step"] for row in read_rows(run_dir)]
-    assert steps == list(range(1, len(steps) + 1)), steps  # one run's rows, every step once
-    r = run_cli(run_dir, *RUN, "seed=7")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert f"{run_dir} already holds a run (metrics.jsonl" in error_line(r.stderr), r.stderr
-    assert "continue it with resume=auto, or pick another hydra.run.dir" in error_line(r.stderr)
-    assert read_summary(run_dir) == summary and (run_dir / "metrics.jsonl").read_bytes() == rows
