@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from ringexp import records
+from ringexp.launch import elastic
 from ringexp.metrics import state_bytes
 from ringexp.trainer import forward_backward
 from ringexp.validate import compose_config
@@ -29,6 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # A row every step (logger.log_every=1), so that tests can follow the run step by step.
 TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024", "data.val_size=101",
         "data.batch_size=16", "model.width=8", "optim.warmup_steps=2", "logger.log_every=1"]
+
+
+def workers(fn, n: int, *args) -> dict:
+    """fn(*args) in n real gloo workers through torch's elastic launch, forked from pytest's process ({rank: return
+    value}): under a second each, against about 8 s to spawn fresh interpreters."""
+    return elastic(fn, n, *args, start_method="fork")
 
 
 def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeout: int = 300, env=None,

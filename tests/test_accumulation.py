@@ -6,12 +6,12 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+from conftest import workers
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringexp import dist as rdist
-from ringexp.launch import elastic
 from ringexp.trainer import forward_backward
 
 
@@ -46,7 +46,7 @@ def accumulation_worker(k):
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_accumulated_step_equals_big_batch_step(k):
-    results = elastic(accumulation_worker, 2, k)
+    results = workers(accumulation_worker, 2, k)
     for max_diff, loss_diff, acc_calls, one_calls in results.values():
         assert max_diff < 1e-6 and loss_diff < 1e-6
         # no_sync on the first k-1 micro-steps: as many collectives as a single step, not k times as many

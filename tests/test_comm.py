@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import workers
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ringexp import comm
 from ringexp import dist as rdist
-from ringexp.launch import elastic
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32, "int64": torch.int64}
@@ -116,13 +116,13 @@ def errors(x, y, out, exact, magnitude, storage, outside, c) -> list:
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(cases=st.lists(case, min_size=4, max_size=8))
 def test_every_algorithm_matches_builtin(world, cases):
-    results = elastic(check_worker, world, cases)
+    results = workers(check_worker, world, cases)
     assert all(r == [] for r in results.values()), results
 
 
 def test_low_precision_is_summed_in_float32():
     """fp16 values whose fp16 running sum would lose the small ones."""
-    results = elastic(low_precision_worker, 4)
+    results = workers(low_precision_worker, 4)
     assert all(results.values()), results
 
 
@@ -214,7 +214,7 @@ def raised(call) -> str:
 
 
 def test_collectives_are_safe_on_what_users_pass():
-    results = elastic(safety_worker, 3)
+    results = workers(safety_worker, 3)
     for rank, out in results.items():
         wrong = [k for k, v in out.items() if v is False]
         assert not wrong, (rank, wrong)

@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import workers
 
 from ringexp import compress
 from ringexp import dist as rdist
 from ringexp.bench import count_wrong
 from ringexp.compress import feedback
 from ringexp.config import CompressionConfig
-from ringexp.launch import elastic
 
 LOSSY = ["fp16", "bf16", "int8", "topk", "randomk", "sign"]
 SIZES = [0, 1, 7, 4097, 10007]  # empty, one element, a prime, not a multiple of int8's block
@@ -139,7 +139,7 @@ def test_compressed_collectives_match_builtin(world):
     if world == 4:
         algos.append(("hierarchical", {"nodes": 2, "scope": "inter_node"}))
     cases = [(name, algo, opts, numel) for name in LOSSY for algo, opts in algos for numel in (0, 1, 13, 30011)]
-    results = elastic(collective_worker, world, cases)
+    results = workers(collective_worker, world, cases)
     assert all(r == [] for r in results.values()), results
 
 
@@ -155,7 +155,7 @@ def int8_overflow_worker():
 
 
 def test_int8_ring_never_overflows():
-    assert all(elastic(int8_overflow_worker, 4).values())
+    assert all(workers(int8_overflow_worker, 4).values())
 
 
 def test_wire_bytes_of_each_compressor():

@@ -6,11 +6,10 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import read_rows, read_summary, run_cli, strategy_cfg, train_steps
+from conftest import read_rows, read_summary, run_cli, strategy_cfg, train_steps, workers
 
 from ringexp import dist as rdist
 from ringexp import parallel
-from ringexp.launch import elastic
 from ringexp.models import small_cnn
 
 
@@ -32,7 +31,7 @@ def parity_worker(k: int):
 
 @pytest.mark.parametrize("world,k", [(2, 1), (2, 3), pytest.param(4, 1, marks=pytest.mark.slow)])
 def test_fsdp_trains_like_ddp_with_a_1_over_n_share_of_the_state(world, k):
-    results = elastic(parity_worker, world, k)
+    results = workers(parity_worker, world, k)
     for rank, (loss_diff, grad_diff, ddp_state, fsdp_state) in results.items():
         assert loss_diff < 1e-5 and grad_diff < 1e-5, (rank, loss_diff, grad_diff)
         # parameters + gradients + AdamW state: a 1/N shard, plus padding to a multiple of N per parameter

@@ -7,12 +7,11 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import strategy_cfg, train_steps
+from conftest import strategy_cfg, train_steps, workers
 from torch import nn
 
 from ringexp import comm, parallel
 from ringexp import dist as rdist
-from ringexp.launch import elastic
 from ringexp.models import small_cnn
 
 HOOKED = ("ring", "hierarchical", "naive")
@@ -40,7 +39,7 @@ def equivalence_worker(k: int):
 @pytest.mark.parametrize("world,k", [(2, 1), (2, 3), pytest.param(4, 1, marks=pytest.mark.slow),
                                      pytest.param(4, 2, marks=pytest.mark.slow)])
 def test_hooked_ddp_trains_like_builtin_ddp(world, k):
-    results = elastic(equivalence_worker, world, k)
+    results = workers(equivalence_worker, world, k)
     for rank, diffs in results.items():
         assert set(diffs) == set(HOOKED)
         for strategy, (loss_diff, grad_diff) in diffs.items():
@@ -88,7 +87,7 @@ def overlap_worker():
 
 
 def test_hook_overlaps_communication_with_backward():
-    results = elastic(overlap_worker, 2)
+    results = workers(overlap_worker, 2)
     for rank, (during, total, events) in results.items():
         assert during >= 1, (rank, during, total, events)
 
@@ -108,5 +107,5 @@ def closing_worker():
 
 
 def test_the_hook_thread_ends_when_the_strategy_closes():
-    for rank, (started, alive) in elastic(closing_worker, 2).items():
+    for rank, (started, alive) in workers(closing_worker, 2).items():
         assert started == 1 and alive == [], (rank, started, alive)

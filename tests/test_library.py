@@ -8,13 +8,12 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import ROOT, train_steps
+from conftest import ROOT, train_steps, workers
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringexp
 from ringexp import dist as rdist
 from ringexp.config import CompressionConfig
-from ringexp.launch import elastic
 from ringexp.models import small_cnn
 
 
@@ -113,7 +112,7 @@ def resume_worker(tmp):
 
 
 def test_a_hook_state_saves_resumes_and_closes(tmp_path):
-    for rank, (diff, residuals, started, alive, buckets) in elastic(resume_worker, 2, str(tmp_path)).items():
+    for rank, (diff, residuals, started, alive, buckets) in workers(resume_worker, 2, str(tmp_path)).items():
         assert residuals, rank  # error feedback's residuals are part of the saved state
         assert diff == 0.0, (rank, diff)  # resumed from files: bit-for-bit the uninterrupted run
         assert started == 1 and alive == 0, (rank, started, alive)  # close() ended the hook's thread

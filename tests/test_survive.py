@@ -9,6 +9,12 @@ import subprocess
 
 import pytest
 from conftest import RUN, TINY, error_line, read_rows, read_summary, run_cli, start, wait_for_step, worker_pid
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+
+from ringexp.config import CONF_DIR
+from ringexp.errors import ConfigError
+from ringexp.train import prepare
 
 pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
 
@@ -84,24 +90,29 @@ def test_incompatible_checkpoint_is_one_line_naming_the_mismatch(tmp_path):
     src = tmp_path / "src"
     r = run_cli(src, *TINY, "steps=4", "logger=none")
     assert r.returncode == 0, r.stderr[-2000:]
-    for i, (override, words) in enumerate([("model.width=16", "model.width=8, this run has model.width=16"),
-                            ("launcher.nproc_per_node=4", "world size=2, this run has world size=4"),
+    r = run_cli(tmp_path / "cli", *TINY, "logger=none", f"resume={src}", "model.width=16")
+    assert r.returncode == 2, r.stderr[-2000:]  # refused before any worker starts
+    assert "model.width=8, this run has model.width=16" in error_line(r.stderr)
+    # every other mismatch through the same check the CLI makes before launch (train.prepare)
+    for i, (override, words) in enumerate([("launcher.nproc_per_node=4", "world size=2, this run has world size=4"),
                             ("+parallel=fsdp", "sharded=False, this run has sharded=True"),
                             ("data.num_labels=5", "data.num_labels=8, this run has data.num_labels=5"),
                             ("amp=fp16", "fp16 loss scaling (amp=fp16)=False, this run has fp16 loss scaling "
                                          "(amp=fp16)=True")]):
-        r = run_cli(tmp_path / f"case{i}", *TINY, "logger=none", f"resume={src}", override)
-        assert r.returncode == 2, r.stderr[-2000:]
-        line = error_line(r.stderr)
-        assert words in line, line
-    r = run_cli(tmp_path / "nothing", *TINY, "logger=none", f"resume={tmp_path / 'nope'}")
-    assert r.returncode == 2 and "no complete checkpoint" in error_line(r.stderr)
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            prepare(compose([*TINY, "logger=none", f"resume={src}", override]), tmp_path / f"case{i}")
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        prepare(compose([*TINY, "logger=none", f"resume={tmp_path / 'nope'}"]), tmp_path / "nothing")
     newest = sorted((src / "checkpoints").glob("step-*"))[-1]
     for i, broken in enumerate(["{}", "[]", "null"]):  # a meta.json that parses but is no checkpoint's
         (newest / "meta.json").write_text(broken)
-        r = run_cli(tmp_path / f"broken{i}", *TINY, "logger=none", f"resume={newest}")
-        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-        assert f"{newest}/meta.json is not a checkpoint's meta" in error_line(r.stderr), r.stderr
+        with pytest.raises(ConfigError, match=re.escape(f"{newest}/meta.json is not a checkpoint's meta")):
+            prepare(compose([*TINY, "logger=none", f"resume={newest}"]), tmp_path / f"broken{i}")
+
+
+def compose(overrides: list):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose("train", overrides=overrides)
 
 
 @contextlib.contextmanager

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, read_rows, read_summary, run_cli, strategy_cfg, wandb_records
+from conftest import TINY, read_rows, read_summary, run_cli, strategy_cfg, wandb_records, workers
 
 from ringexp import comm
-from ringexp.launch import elastic, run_worker
+from ringexp.launch import run_worker
 from ringexp.parallel import STRATEGIES
 from ringexp.timing import union_length, verdict
 from ringexp.validate import compose_config
@@ -92,7 +92,7 @@ def run_in_harness(run_dir: Path, delay_s: float) -> dict:
     cfg = compose_config([*TINY, "+parallel=ring", "logger=none", "steps=16", "throughput_warmup=4"])
     run_dir.mkdir()
     meta = {"name": f"delay={delay_s}", "group": "slowed", "job_type": "ring", "choices": {}, "overrides": []}
-    elastic(slowed_worker, 2, cfg, str(run_dir), meta, delay_s)
+    workers(slowed_worker, 2, cfg, str(run_dir), meta, delay_s)
     return read_summary(run_dir)["time"]
 
 
