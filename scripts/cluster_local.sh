@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# A cluster of N nodes on this machine: each node a network namespace joined to a bridge by a veth pair, each
+# node's link shaped to RATE in both directions (tbf), ranks on one node talking over that namespace's own
+# loopback, unshaped (the fast intra-node level). Needs root, ip and tc.
+#   scripts/cluster_local.sh up [--nodes N] [--rate RATE]   N from 2 to 4 (2); RATE a tc rate (1gbit, 250mbit)
+#                                                            or none (1gbit)
+#   scripts/cluster_local.sh status                          nodes, addresses, shaping; exit 1 when not up
+#   scripts/cluster_local.sh down                            removes what up made, and nothing else
+#   scripts/cluster_local.sh run NODE -- CMD...              CMD inside node NODE (0..N-1), with
+#                                                            GLOO_SOCKET_IFNAME and RINGEXP_CLUSTER_NODE set
+#   scripts/cluster_local.sh torchrun [--nproc-per-node K] -- ARGS...
+#                                                            torchrun --nnodes=N ... ARGS on every node at once
+#                                                            (e.g. -- -m ringexp.train +parallel=hierarchical);
+#                                                            exit code: the first node's that failed
+# Addresses come from 198.18.0.0/24 (RFC 2544's benchmarking block) only: the bridge is 198.18.0.1, node i is
+# 198.18.0.(10+i), named ringexp-node<i> in /etc/hosts (lines marked "# ringexp-cluster"). State lives in
+# $RINGEXP_CLUSTER_DIR (default /tmp/ringexp-cluster). Facts behind the settings: ../shared/DESIGN.md.
+set -euo pipefail
+dir="${RINGEXP_CLUSTER_DIR:-/tmp/ringexp-cluster}"
+bridge=rxbr0
+mark="# ringexp-cluster"
+
+fail() { echo "cluster_local: $1" >&2; exit "${2:-1}"; }
+
+need() {
+  [ "$(id -u)" = 0 ] || fail "needs root (network namespaces, a bridge and tc)" 3
+  for tool in ip tc nsenter; do command -v "$tool" >/dev/null || fail "needs '$tool' (apt-get install iproute2)" 3; done
+}
+
+ns() { echo "ringexp-node$1"; }
+addr() { echo "198.18.0.$((10 + $1))"; }
+
+shape() {  # shape DEV RATE [NETNS]: tbf on DEV's egress (none: no qdisc)
+  local dev="$1" rate="$2" in=()
+  [ -n "${3:-}" ] && in=(ip netns exec "$3")
+  [ "$rate" = none ] && return
+  "${in[@]}" tc qdisc replace dev "$dev" root tbf rate "$rate" burst 512kb latency 100ms
+}
+
+up() {
+  local nodes=2 rate=1gbit
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --nodes) nodes="$2"; shift 2 ;;
+      --rate) rate="$2"; shift 2 ;;
+      *) fail "unknown option $1 (up [--nodes N] [--rate RATE])" 2 ;;
+    esac
+  done
+  [[ "$nodes" =~ ^[2-4]$ ]] || fail "--nodes $nodes: give 2, 3 or 4" 2
+  [[ "$rate" =~ ^(none|[0-9]+(\.[0-9]+)?[kmg]?(bit|bps))$ ]] || fail "--rate $rate: give a tc rate such as 1gbit or 250mbit, or none" 2
+  need
+  if [ -f "$dir/nodes" ] && [ "$(cat "$dir/nodes")" = "$nodes $rate" ] && status >/dev/null 2>&1; then
+    echo "cluster_local: already up ($nodes nodes, $rate)"; return
+  fi
+  down >/dev/null
+  mkdir -p "$dir"
+  ip link add "$bridge" type bridge
+  ip addr add 198.18.0.1/24 dev "$bridge"
+  ip link set "$bridge" up
+  for i in $(seq 0 $((nodes - 1))); do
+    ip netns add "$(ns "$i")"
+    ip link add "rxv$i" type veth peer name "rxp$i"
+    ip link set "rxp$i" netns "$(ns "$i")"
+    ip link set "rxv$i" master "$bridge" up
+    ip netns exec "$(ns "$i")" ip link set lo up
+    ip netns exec "$(ns "$i")" ip link set "rxp$i" name eth0
+    ip netns exec "$(ns "$i")" ip addr add "$(addr "$i")/24" dev eth0
+    ip netns exec "$(ns "$i")" ip link set eth0 up
+    shape eth0 "$rate" "$(ns "$i")"  # what the node sends
+    shape "rxv$i" "$rate"              # what it receives
+    echo "$(addr "$i") $(ns "$i") $mark" >>/etc/hosts
+  done
+  echo "$nodes $rate" >"$dir/nodes"
+  echo "cluster_local: up ($nodes nodes at $rate per node link: $(for i in $(seq 0 $((nodes - 1))); do printf '%s=%s ' "$(ns "$i")" "$(addr "$i")"; done))"
+}
+
+down() {
+  need
+  for n in $(ip netns list 2>/dev/null | awk '/^ringexp-node[0-9]/ {print $1}'); do
+    ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$n"
+  done
+  for v in $(ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^rxv[0-9]/ {sub(/@.*/, "", $2); print $2}'); do
+    ip link del "$v" 2>/dev/null || true
+  done
+  ip link show "$bridge" >/dev/null 2>&1 && ip link del "$bridge"
+  if grep -q "$mark" /etc/hosts; then  # /etc/hosts may be a bind mount: rewrite it in place
+    grep -v "$mark" /etc/hosts >"$dir.hosts" || true
+    cat "$dir.hosts" >/etc/hosts
+    rm -f "$dir.hosts"
+  fi
+  rm -rf "$dir"
+  echo "cluster_local: down"
+}
+
+status() {
+  [ -f "$dir/nodes" ] || { echo "cluster_local: not up" >&2; return 1; }
+  read -r nodes rate <"$dir/nodes"
+  echo "cluster: $nodes nodes, $rate per node link (both directions), bridge $bridge 198.18.0.1"
+  for i in $(seq 0 $((nodes - 1))); do
+    ip netns exec "$(ns "$i")" true 2>/dev/null || { echo "cluster_local: $(ns "$i") is missing" >&2; return 1; }
+    printf '  %s  %s  %s\n' "$(ns "$i")" "$(addr "$i")" \
+      "$(ip netns exec "$(ns "$i")" tc qdisc show dev eth0 | awk '/tbf/ {print "tbf rate " $8; f=1} END {if (!f) print "unshaped"}')"
+  done
+}
+
+run() {  # run NODE -- CMD...
+  local node="$1"; shift
+  [ "${1:-}" = "--" ] && shift
+  [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
+  read -r nodes _ <"$dir/nodes"
+  [[ "$node" =~ ^[0-9]+$ ]] && [ "$node" -lt "$nodes" ] || fail "node $node: give 0..$((nodes - 1))" 2
+  # nsenter, not `ip netns exec`: that remounts /sys, which Slurm's daemons then cannot use
+  exec nsenter --net="/var/run/netns/$(ns "$node")" env GLOO_SOCKET_IFNAME=eth0 RINGEXP_CLUSTER_NODE="$node" "$@"
+}
+
+torchrun_all() {  # torchrun [--nproc-per-node K] -- ARGS...
+  local nproc=2 port pids=() rc=0
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    case "$1" in
+      --nproc-per-node) nproc="$2"; shift 2 ;;
+      *) fail "unknown option $1 (torchrun [--nproc-per-node K] -- ARGS)" 2 ;;
+    esac
+  done
+  [ "${1:-}" = "--" ] && shift
+  [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
+  read -r nodes _ <"$dir/nodes"
+  port=$((29500 + RANDOM % 1000))
+  for i in $(seq 0 $((nodes - 1))); do
+    "$0" run "$i" -- torchrun --nnodes="$nodes" --node-rank="$i" --nproc-per-node="$nproc" \
+      --master-addr="$(addr 0)" --master-port="$port" "$@" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { r=$?; [ "$rc" = 0 ] && rc=$r; }; done
+  return "$rc"
+}
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  up) up "$@" ;;
+  down) down ;;
+  status) status ;;
+  run) [ $# -ge 1 ] || fail "usage: run NODE -- CMD..." 2; run "$@" ;;
+  torchrun) torchrun_all "$@" ;;
+  *) echo "usage: scripts/cluster_local.sh up [--nodes N] [--rate RATE] | status | down | run NODE -- CMD | torchrun [--nproc-per-node K] -- ARGS" >&2; exit 2 ;;
+esac
