@@ -5,12 +5,17 @@ first checked against torch.distributed.all_reduce on the same random input (#wr
 more than the dtype's tolerance), then timed: `iters` rounds, algorithms interleaved within a round so that
 the machine's drift hits all of them alike; a time is the slowest rank's, the median over rounds is kept.
 algbw = bytes / time; busbw = algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md), comparable across n.
+
+Under torchrun (on one node or several: `scripts/cluster_local.sh torchrun -- -m ringexp.bench ...`) the job's
+own ranks are benchmarked instead of `nprocs`, hierarchical follows the job's real nodes, and every row says
+where it ran (nodes, ranks per node, the link between nodes).
 """
 
 import csv
 import json
 import logging
 import math
+import os
 import statistics
 import sys
 import time
@@ -19,6 +24,7 @@ from pathlib import Path
 import hydra
 import torch
 import torch.distributed as dist
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
@@ -26,7 +32,7 @@ from ringexp import comm, compress, records
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, plain
 from ringexp.errors import ConfigError, print_error
-from ringexp.launch import elastic
+from ringexp.launch import elastic, under_external_launcher
 from ringexp.sinks.wandb import WandbSink
 
 log = logging.getLogger("ringexp")
@@ -59,8 +65,9 @@ def sizes(cfg) -> list:
     return out
 
 
-def check(cfg: BenchConfig) -> None:
-    """What the bench config's own field checks cannot see: names, and nodes against every world size."""
+def check(cfg: BenchConfig, external: bool = False) -> None:
+    """What the bench config's own field checks cannot see: names, and nodes against every world size (under an
+    external launcher the job's one world size, and its real nodes when it spans several)."""
     def known(name):  # 'ring' or 'ring:<KiB>'
         base, colon, kb = name.partition(":")
         return base in VARIANTS and (not colon or kb.isdigit() and int(kb) > 0)
@@ -76,7 +83,10 @@ def check(cfg: BenchConfig) -> None:
     if bad:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
     if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
-        odd = [n for n in cfg.nprocs if n % cfg.nodes]
+        worlds = [int(os.environ["WORLD_SIZE"])] if external else cfg.nprocs
+        if external and topology(worlds[0])["nodes"] > 1:
+            return  # the real nodes divide the job by construction
+        odd = [n for n in worlds if n % cfg.nodes]
         if odd:
             raise ConfigError(f"bench: nodes={cfg.nodes} does not divide nprocs={odd[0]}; set nodes to a divisor")
 
@@ -93,10 +103,20 @@ def count_wrong(x, y, c, dname: str, n: int) -> int:
     return int(((y.float() - ref.float()).abs() > tol).sum())
 
 
+def topology(world: int) -> dict:
+    """Where the job runs, for every row: nodes and ranks per node from the launcher (torchrun and the elastic
+    launch set LOCAL_WORLD_SIZE), and the link between nodes as scripts/cluster_local.sh shaped it."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return {"nodes": max(1, world // local), "ranks_per_node": local,
+            "link": os.environ.get("RINGEXP_CLUSTER_LINK", "loopback") if world > local else "loopback"}
+
+
 def bench_worker(cfg: BenchConfig) -> list:
     env = rdist.init("cpu")
-    n, rows = env.world_size, []
-    opts = {"segment_bytes": cfg.segment_kb and cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": cfg.nodes}
+    n, rows, where = env.world_size, [], topology(env.world_size)
+    # hierarchical: the job's real nodes when it spans several, else cfg.nodes emulated ones on this machine
+    nodes = where["nodes"] if where["nodes"] > 1 else cfg.nodes
+    opts = {"segment_bytes": cfg.segment_kb and cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": nodes}
     algos = {name: variant(name) for name in cfg.algorithms}
     # rows: every algorithm uncompressed, then every (algorithm, compressor) pair; compressed rows use float32
     specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
@@ -143,7 +163,7 @@ def bench_worker(cfg: BenchConfig) -> list:
                 t = statistics.median(times[name])
                 algbw = count * x.element_size() / t / 1e9
                 rows.append({
-                    "nprocs": n, "algorithm": name, "size_bytes": count * x.element_size(), "count": count,
+                    "nprocs": n, **where, "algorithm": name, "size_bytes": count * x.element_size(), "count": count,
                     "type": dname, "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n,
                     "wrong": wrong[name], "vs_builtin": (base / t) if base else None,
                     "time_us_p10": 1e6 * (statistics.quantiles(times[name], n=10)[0] if len(times[name]) > 1 else t),
@@ -163,7 +183,9 @@ def fmt_size(b: int) -> str:
 
 def print_rows(rows: list, header: bool) -> None:
     if header:
-        print(f"\n# nprocs={rows[0]['nprocs']}  (time = median over rounds of the slowest rank; "
+        r = rows[0]
+        print(f"\n# nprocs={r['nprocs']} on {r['nodes']} node(s) x {r['ranks_per_node']} rank(s), link {r['link']}  "
+              "(time = median over rounds of the slowest rank; "
               "busbw = algbw x 2(n-1)/n; x builtin = builtin time / this time)")
         print(f"{'size':>8} {'count':>11} {'type':>9} {'algorithm':>13} {'time(us)':>11} {'algbw':>7} {'busbw':>7} "
               f"{'#wrong':>7} {'x builtin':>9}")
@@ -198,18 +220,36 @@ def main(cfg) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         config = OmegaConf.to_object(cfg)  # BenchConfig: its fields check themselves
-        check(config)
+        check(config, external=under_external_launcher())
     except ConfigError as e:
         records.mark_failed(run_dir, str(e))
         print_error(str(e))
         sys.exit(2)
     rows = []
-    for n in config.nprocs:
+    if under_external_launcher():  # torchrun (on one node or several): this process is rank 0 of the one job
+        rows = bench_worker(config)
+    for n in [] if under_external_launcher() else config.nprocs:
         rows += elastic(bench_worker, n, config, log_dir=run_dir / f"workers-n{n}")[0]
     write_results(rows, run_dir)
     log_wandb(plain(config), rows, run_dir)
     print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
 
 
+def other_rank() -> None:
+    """A non-zero rank under torchrun: the same bench config, composed without Hydra's app (no run directory)."""
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("bench", overrides=[a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
+        config = OmegaConf.to_object(cfg)
+        check(config, external=True)
+    except (ConfigError, ValueError) as e:
+        print_error(str(e))
+        sys.exit(2)
+    bench_worker(config)
+
+
 if __name__ == "__main__":
-    main()
+    if under_external_launcher() and os.environ.get("RANK", "0") != "0":
+        other_rank()
+    else:
+        main()

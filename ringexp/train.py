@@ -27,7 +27,7 @@ from ringexp.config import CONF_DIR, plain
 from ringexp.errors import ConfigError, RunDirTaken, print_error, print_warning
 from ringexp.launch import launch, run_worker, worker_failure
 from ringexp.trainer import resume_mode
-from ringexp.validate import checked, compose_config
+from ringexp.validate import checked, compose_config, job_world
 
 log = logging.getLogger("ringexp")
 
@@ -61,16 +61,8 @@ def prepare(cfg, run_dir: Path):
     for damaged in skipped:
         print_warning(f"resume: skipping damaged checkpoint {damaged}; continuing from {ckpt.name}")
     if ckpt:
-        checkpoint.check(ckpt, config, world_size(config))
+        checkpoint.check(ckpt, config, job_world(config))
     return config
-
-
-def world_size(config) -> int:
-    """The job's world size as the launcher will make it: local workers, or an external launcher's / Slurm's."""
-    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return config.launcher.nproc_per_node
 
 
 def fail(run_dir: Path, message: str, code: int) -> None:

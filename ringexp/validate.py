@@ -7,6 +7,7 @@ line that says what to do.
 """
 
 import dataclasses
+import os
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -61,8 +62,17 @@ def resolve_launcher(cfg: TrainConfig) -> None:
         cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == Device.cuda else 2
 
 
+def job_world(cfg: TrainConfig) -> int:
+    """The world size the job will really have: an external launcher's (torchrun, on any number of nodes) or
+    Slurm's, else the local workers this process will start."""
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return cfg.launcher.nproc_per_node
+
+
 def check(cfg: TrainConfig) -> None:
-    n = cfg.launcher.nproc_per_node
+    n = job_world(cfg)
     check_device(cfg)
     if cfg.parallel.nodes is not None and n % cfg.parallel.nodes:
         raise ConfigError(f"parallel.nodes={cfg.parallel.nodes} does not divide the {n} workers into equal nodes; "
@@ -79,7 +89,8 @@ def check(cfg: TrainConfig) -> None:
 
 
 def check_device(cfg: TrainConfig) -> None:
-    n, device = cfg.launcher.nproc_per_node, cfg.launcher.device
+    device = cfg.launcher.device
+    n = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.launcher.nproc_per_node))  # ranks on this node
     visible = torch.cuda.device_count() if device == Device.cuda else 0
     if device == Device.cuda and visible == 0:
         raise ConfigError("launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")

@@ -7,7 +7,8 @@
 #   scripts/cluster_local.sh status                          nodes, addresses, shaping; exit 1 when not up
 #   scripts/cluster_local.sh down                            removes what up made, and nothing else
 #   scripts/cluster_local.sh run NODE -- CMD...              CMD inside node NODE (0..N-1), with
-#                                                            GLOO_SOCKET_IFNAME and RINGEXP_CLUSTER_NODE set
+#                                                            GLOO_SOCKET_IFNAME, RINGEXP_CLUSTER_NODE and
+#                                                            RINGEXP_CLUSTER_LINK (the rate) set
 #   scripts/cluster_local.sh torchrun [--nproc-per-node K] -- ARGS...
 #                                                            torchrun --nnodes=N ... ARGS on every node at once
 #                                                            (e.g. -- -m ringexp.train +parallel=hierarchical);
@@ -108,10 +109,11 @@ run() {  # run NODE -- CMD...
   local node="$1"; shift
   [ "${1:-}" = "--" ] && shift
   [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
-  read -r nodes _ <"$dir/nodes"
+  read -r nodes rate <"$dir/nodes"
   [[ "$node" =~ ^[0-9]+$ ]] && [ "$node" -lt "$nodes" ] || fail "node $node: give 0..$((nodes - 1))" 2
   # nsenter, not `ip netns exec`: that remounts /sys, which Slurm's daemons then cannot use
-  exec nsenter --net="/var/run/netns/$(ns "$node")" env GLOO_SOCKET_IFNAME=eth0 RINGEXP_CLUSTER_NODE="$node" "$@"
+  exec nsenter --net="/var/run/netns/$(ns "$node")" env GLOO_SOCKET_IFNAME=eth0 RINGEXP_CLUSTER_NODE="$node" \
+    RINGEXP_CLUSTER_LINK="$rate" "$@"
 }
 
 torchrun_all() {  # torchrun [--nproc-per-node K] -- ARGS...

@@ -70,7 +70,19 @@ def test_collectives_equal_builtin_across_the_node_boundary(two_nodes, tmp_path)
 
 def test_a_training_job_spans_the_nodes_through_torchrun(two_nodes, tmp_path):
     r = cluster("torchrun", "--nproc-per-node", "2", "--", "-m", "ringexp.train", *TINY,
-                "steps=6", "+parallel=hierarchical", "logger=none", f"hydra.run.dir={tmp_path / 'run'}")
+                "steps=6", "+parallel=hierarchical", "parallel.nodes=4", "logger=none",
+                f"hydra.run.dir={tmp_path / 'run'}")  # (4 nodes of the 4-rank job: valid for the job's real world)
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(tmp_path / "run")
     assert s["status"] == "completed" and s["world_size"] == 4, s
+
+
+def test_the_bench_runs_across_the_nodes_and_says_where(two_nodes, tmp_path):
+    r = cluster("torchrun", "--nproc-per-node", "2", "--", "-m", "ringexp.bench", "sizes=[4096,262144]", "iters=2",
+                "warmup=1", "min_time_s=0", "compressors=[none,fp16]", "logger=none",
+                f"hydra.run.dir={tmp_path / 'bench'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "# nprocs=4 on 2 node(s) x 2 rank(s), link none" in r.stdout, r.stdout[-2000:]
+    rows = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert {(row["nprocs"], row["nodes"], row["ranks_per_node"]) for row in rows} == {(4, 2, 2)}
+    assert len(rows) == 2 * 10 and all(row["wrong"] == 0 for row in rows), rows  # 5 algorithms x 2 codecs x 2 sizes

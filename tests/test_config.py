@@ -140,3 +140,12 @@ def test_a_range_is_checked_even_when_its_group_is_off():
         validate(composed(["compression=none", "compression.ratio=0"]))
     with pytest.raises(ConfigError, match="data.val_fraction=2"):
         validate(composed(["data.val_fraction=2"]))
+
+
+def test_validation_judges_the_world_the_job_really_has(monkeypatch):
+    """Under torchrun or Slurm on several nodes the world is the launcher's, not launcher.nproc_per_node (2)."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert compose_config(["+parallel=hierarchical", "parallel.nodes=4"]).parallel.nodes == 4
+    with pytest.raises(ConfigError, match="parallel.nodes=3 does not divide the 4 workers"):
+        compose_config(["+parallel=hierarchical", "parallel.nodes=3"])
