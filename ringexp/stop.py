@@ -25,9 +25,9 @@ import sys
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 EXIT_CODE = 130  # what shells report for Ctrl-C
-INTERRUPTED = {"status": "interrupted"}
+INTERRUPTED = {"status": "interrupted"}  # a worker's return value when it stopped on request
 # what torch elastic's agent may still handle its own way (LaunchConfig.signals_to_handle): not SIGNALS
-TORCH_HANDLES = "SIGQUIT"  # a worker's return value when it stopped on request
+TORCH_HANDLES = "SIGQUIT"
 
 _received = []  # signals this process was sent (a forked child starts with its parent's list)
 _owner = {"pid": None, "forward": False}
