@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -140,24 +141,7 @@ def bench_worker(cfg: BenchConfig) -> list:
             x = torch.randn(count, generator=g).to(dtype)
             here = {name: spec for name, spec in specs.items() if spec[2] is None or dtype == torch.float32}
             wrong = {name: count_wrong(x, run(x.clone(), spec), spec[2], dname, n) for name, spec in here.items()}
-            bufs = {name: x.clone() for name in here}
-            times = {name: [] for name in here}
-            rounds, it = cfg.warmup + cfg.iters, 0
-            while it < rounds:
-                round_s = 0.0
-                for name, spec in here.items():
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    run(bufs[name], spec)
-                    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the same number on every rank
-                    round_s += float(t)
-                    if it >= cfg.warmup:
-                        times[name].append(float(t))
-                    bufs[name].copy_(x)  # untimed: repeated sums would grow to inf over hundreds of rounds
-                if it == cfg.warmup:  # small sizes are noisy: more rounds, until about min_time_s in all
-                    rounds += min(19 * cfg.iters, max(0, math.ceil(cfg.min_time_s / round_s) - cfg.iters))
-                it += 1
+            times = timed_rounds(cfg, x, {name: partial(run, spec=spec) for name, spec in here.items()})
             base = statistics.median(times["builtin"]) if "builtin" in times else None
             for name in here:
                 t = statistics.median(times[name])
@@ -172,6 +156,30 @@ def bench_worker(cfg: BenchConfig) -> list:
                 print_rows(rows[-len(here):], header=nbytes == sizes(cfg)[0] and dname == cfg.dtypes[0])
     rdist.cleanup()
     return rows
+
+
+def timed_rounds(cfg: BenchConfig, x, runs: dict) -> dict:
+    """{name: [seconds per round]}: warm-up, then rounds in which every run(buf) goes once (interleaved, so that
+    the machine's drift hits all alike); a time is the slowest rank's."""
+    bufs = {name: x.clone() for name in runs}
+    times = {name: [] for name in runs}
+    rounds, it = cfg.warmup + cfg.iters, 0
+    while it < rounds:
+        round_s = 0.0
+        for name, run in runs.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            run(bufs[name])
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the same number on every rank
+            round_s += float(t)
+            if it >= cfg.warmup:
+                times[name].append(float(t))
+            bufs[name].copy_(x)  # untimed: repeated sums would grow to inf over hundreds of rounds
+        if it == cfg.warmup:  # small sizes are noisy: more rounds, until about min_time_s in all
+            rounds += min(19 * cfg.iters, max(0, math.ceil(cfg.min_time_s / round_s) - cfg.iters))
+        it += 1
+    return times
 
 
 def fmt_size(b: int) -> str:
