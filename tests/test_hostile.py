@@ -273,7 +273,8 @@ def test_a_decompression_bomb_is_named_or_skipped_and_unreadable_validation_imag
     assert f"{bomb}: cannot read image (DecompressionBombError" in error_line(r.stderr), r.stderr[-2000:]
 
     (image_folder / val.dataset.paths[val.indices[0]]).write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(100))
-    r = run_cli(tmp_path / "skip", *image_run(image_folder, "data.skip_bad=true"))
+    # (loader worker processes too: what they run must pickle)
+    r = run_cli(tmp_path / "skip", *image_run(image_folder, "data.skip_bad=true", "data.num_workers=1"))
     assert r.returncode == 0, r.stderr[-2000:]
     s, rows = read_summary(tmp_path / "skip"), read_rows(tmp_path / "skip")
     assert rows[-1]["val/skipped_bad"] == 1 and s["val_samples"] == 1, rows[-1]
