@@ -46,6 +46,12 @@ def init(cfg: dict, run_dir, meta, mode: str, run_id=None):
     return run
 
 
+def teardown(exit_code: int) -> None:
+    import wandb
+
+    wandb.teardown(exit_code)
+
+
 class WandbSink:
     best_effort = True  # metrics.jsonl and summary.json already hold every number
 
@@ -117,6 +123,10 @@ class WandbSink:
         self._flush()
         if self.run is not None:
             self._safely(self.run.finish, 0 if ok else 1)
+            # finish() can return before W&B's service has written the last records of the .wandb file; the
+            # service is waited for only at exit, and the atexit hook that would do it never runs in a
+            # multiprocessing worker (rank 0 is one).
+            self._safely(teardown, 0 if ok else 1)
         self.rows.put(None)  # the drain thread ends
         self.thread.join()
 
