@@ -26,6 +26,9 @@ from ringexp.trainer import forward_backward
 from ringexp.validate import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
+# Workers are forked from this process (conftest.workers), and GNU OpenMP's thread pool does not survive a fork: a
+# worker hung in its first parallel op once pytest's own process had run one. One thread here starts no pool.
+torch.set_num_threads(1)
 # A few seconds of training: tiny model and data, still 2 real gloo workers.
 # A row every step (logger.log_every=1), so that tests can follow the run step by step.
 TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024", "data.val_size=101",
