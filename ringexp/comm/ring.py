@@ -14,10 +14,10 @@ Engineering on top of the textbook version:
 """
 
 import math
-import threading
 
 import torch
 
+from ringexp.comm.buffers import scratch
 from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
 
 # Segment size when none is given: half a chunk (two segments in flight, as gloo's own ring does), but at least
@@ -27,7 +27,6 @@ from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait
 MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
 DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
-_local = threading.local()
 OPTIONS = ("segment_bytes", "timeout_s", "wire", "divisor")  # all_reduce's options (ringexp.comm refuses others)
 
 
@@ -43,26 +42,8 @@ def chunk_bounds(numel: int, n: int) -> list:
 
 
 def _buffers(numel: int, dtype, device) -> list:
-    """`DEPTH` reusable receive buffers of `numel` elements for this thread (the hook runs in its own)."""
-    key = (dtype, device)
-    cache = getattr(_local, "buffers", None)
-    if cache is None:
-        cache = _local.buffers = {}
-    bufs = cache.get(key)
-    if bufs is None or bufs[0].numel() < numel or len(bufs) < DEPTH:
-        bufs = cache[key] = [torch.empty(numel, dtype=dtype, device=device) for _ in range(DEPTH)]
-    return bufs
-
-
-def _arena(nbytes: int, device):
-    """A reusable byte buffer for this thread: encoded sends and all-gather receives of the wire path."""
-    cache = getattr(_local, "arena", None)
-    if cache is None:
-        cache = _local.arena = {}
-    buf = cache.get(device)
-    if buf is None or buf.numel() < nbytes:
-        buf = cache[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    return buf
+    """`DEPTH` reusable receive buffers of `numel` elements."""
+    return [scratch(f"ring-receive-{i}", numel, dtype, device) for i in range(DEPTH)]
 
 
 def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None, divisor=None) -> None:
@@ -113,7 +94,9 @@ class _Pipeline:
         else:  # encoded sends of steps 0 .. n-1 and all-gather receives each get a slot of one reused arena
             self.slot_bytes = -(-wire.nbytes(min(seg, flat.numel())) // 8) * 8
             self.bufs = _buffers(self.slot_bytes, torch.uint8, flat.device)
-            self.arena = _arena((2 * self.n - 1) * self.nseg * self.slot_bytes, flat.device)
+            # encoded sends and all-gather receives of the wire path
+            self.arena = scratch("ring-arena", (2 * self.n - 1) * self.nseg * self.slot_bytes, torch.uint8,
+                                 flat.device)
         self.pending, self.sends, self.received = {}, [], {}  # wire: received bytes to forward
 
     def view(self, chunk, j):
