@@ -138,7 +138,12 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
         flat.copy_(m.decode(summed.view(torch.uint8), flat.numel(), c, ctx))
     else:
         gathered = all_gather(payload, algorithm, group, options.get("timeout_s"))
-        flat.copy_(sum(m.decode(p, flat.numel(), c, ctx) for p in gathered))  # same order on every rank
+        if hasattr(m, "add_into"):  # each payload added in place: no dense decode per rank
+            flat.zero_()
+            for p in gathered:  # same order on every rank
+                m.add_into(p, flat, c)
+        else:
+            flat.copy_(sum(m.decode(p, flat.numel(), c, ctx) for p in gathered))
     if state.ef:
         feedback.after(x, sent, state, bucket)
     return tensor
