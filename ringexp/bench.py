@@ -85,7 +85,7 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
     if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
         worlds = [int(os.environ["WORLD_SIZE"])] if external else cfg.nprocs
-        if external and topology(worlds[0])["nodes"] > 1:
+        if external and worlds[0] > int(os.environ.get("LOCAL_WORLD_SIZE", worlds[0])):
             return  # the real nodes divide the job by construction
         odd = [n for n in worlds if n % cfg.nodes]
         if odd:
@@ -104,17 +104,9 @@ def count_wrong(x, y, c, dname: str, n: int) -> int:
     return int(((y.float() - ref.float()).abs() > tol).sum())
 
 
-def topology(world: int) -> dict:
-    """Where the job runs, for every row: nodes and ranks per node from the launcher (torchrun and the elastic
-    launch set LOCAL_WORLD_SIZE), and the link between nodes as scripts/cluster_local.sh shaped it."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return {"nodes": max(1, world // local), "ranks_per_node": local,
-            "link": os.environ.get("RINGEXP_CLUSTER_LINK", "loopback") if world > local else "loopback"}
-
-
 def bench_worker(cfg: BenchConfig) -> list:
     env = rdist.init("cpu")
-    n, rows, where = env.world_size, [], topology(env.world_size)
+    n, rows, where = env.world_size, [], rdist.topology(env)
     # hierarchical: the job's real nodes when it spans several, else cfg.nodes emulated ones on this machine
     nodes = where["nodes"] if where["nodes"] > 1 else cfg.nodes
     opts = {"segment_bytes": cfg.segment_kb and cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": nodes}
@@ -182,6 +174,50 @@ def timed_rounds(cfg: BenchConfig, x, runs: dict) -> dict:
     return times
 
 
+def codec_rows(cfg: BenchConfig) -> list:
+    """`codec=true`: each compressor's encode and decode on one core against a float32-to-fp16 cast of the same
+    tensor (the cheapest codec there is), median of `iters` rounds: what the CPU pays per byte the wire saves."""
+    torch.set_num_threads(1)
+    rows = []
+    for nbytes in sizes(cfg):
+        x = torch.randn(nbytes // 4)
+        cast_s = median_time(partial(x.to, torch.float16), cfg.iters)
+        rows += [codec_row(name, x, cast_s, cfg) for name in cfg.compressors if name != "none"]
+    print("\n# codecs on one core (x cast = a float32-to-fp16 cast's time / this time; 1 is as fast as the cast)")
+    print(f"{'size':>8} {'codec':>9} {'encode ms':>10} {'decode ms':>10} {'cast ms':>8} {'enc x cast':>10} "
+          f"{'dec x cast':>10} {'wire':>6}")
+    for r in rows:
+        print(f"{fmt_size(r['size_bytes']):>8} {r['codec']:>9} {r['encode_ms']:>10.2f} {r['decode_ms']:>10.2f} "
+              f"{r['cast_fp16_ms']:>8.2f} {r['encode_vs_cast']:>10.2f} {r['decode_vs_cast']:>10.2f} "
+              f"{r['wire_fraction']:>6.3f}")
+    return rows
+
+
+def codec_row(name: str, x, cast_s: float, cfg: BenchConfig) -> dict:
+    """Decode is add_into (decode and add, as a ring hop does) where the codec has it, else decode."""
+    c = CompressionConfig(name=name, ratio=cfg.ratio, error_feedback=False)
+    m, ctx = compress.COMPRESSORS[name], compress.context(c, 10**9, 0)
+    payload = m.encode(x, c, ctx)
+    if hasattr(m, "add_into"):
+        decode = partial(m.add_into, payload, torch.zeros_like(x), c)
+    else:
+        decode = partial(m.decode, payload, x.numel(), c, ctx)
+    enc_s, dec_s = median_time(partial(m.encode, x, c, ctx), cfg.iters), median_time(decode, cfg.iters)
+    return {"codec": name, "size_bytes": x.numel() * 4, "encode_ms": enc_s * 1e3, "decode_ms": dec_s * 1e3,
+            "cast_fp16_ms": cast_s * 1e3, "encode_vs_cast": cast_s / enc_s, "decode_vs_cast": cast_s / dec_s,
+            "wire_fraction": payload.numel() / (x.numel() * 4)}
+
+
+def median_time(fn, iters: int) -> float:
+    fn()  # warm: first-touch page faults and scratch buffers
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def fmt_size(b: int) -> str:
     for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
         if b >= k:
@@ -233,6 +269,11 @@ def main(cfg) -> None:
         records.mark_failed(run_dir, str(e))
         print_error(str(e))
         sys.exit(2)
+    if config.codec:
+        rows = codec_rows(config)
+        write_results(rows, run_dir)
+        print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
+        return
     rows = []
     if under_external_launcher():  # torchrun (on one node or several): this process is rank 0 of the one job
         rows = bench_worker(config)

@@ -302,6 +302,7 @@ class BenchConfig:
     segment_kb: Optional[int] = None  # null: the ring's automatic size
     nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size
     timeout_s: float = 300.0
+    codec: bool = False  # instead: each compressor's encode/decode speed on one core against an fp16 cast
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: Optional[str] = None
 

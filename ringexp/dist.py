@@ -43,6 +43,14 @@ def init(device: str, threads_per_worker: int = 0, timeout_s: float = 300.0) -> 
     return Env(rank, world, local_rank, local_world, dev, backend)
 
 
+def topology(env: Env) -> dict:
+    """Where the job runs: nodes and ranks per node as the launcher said (torchrun, the elastic launch and
+    submitit set LOCAL_WORLD_SIZE), and the link between nodes as scripts/cluster_local.sh shaped it."""
+    local = env.local_world_size
+    return {"nodes": max(1, env.world_size // local), "ranks_per_node": local,
+            "link": os.environ.get("RINGEXP_CLUSTER_LINK", "loopback") if env.world_size > local else "loopback"}
+
+
 def seed_everything(seed: int, rank: int) -> None:
     """Per-rank seeds for dropout/augmentation; model init is made identical by DDP's broadcast."""
     s = seed * 1000 + rank

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ringexp import comm, records, timing
+from ringexp import dist as rdist
 from ringexp.config import plain
 from ringexp.metrics import median, peak_memory_bytes, spread
 from ringexp.sinks import open_sinks
@@ -184,7 +185,7 @@ class Recorder:
             "status": "completed", "run_dir": str(self.run_dir),
             "name": meta["name"], "group": meta["group"], "job_type": meta["job_type"],
             "strategy": str(cfg.parallel.strategy), "choices": meta["choices"], "overrides": meta["overrides"],
-            "world_size": env.world_size, "device": str(env.device), "backend": env.backend,
+            "world_size": env.world_size, "device": str(env.device), "backend": env.backend, **rdist.topology(env),
             "steps": cfg.steps, "global_batch_size": self.global_batch, "accumulation_steps": cfg.accumulation.steps,
             # Median and spread of global samples/s over the steady intervals between rows (warm-up steps left out).
             "throughput": spread([self.global_batch / t for t in times])
