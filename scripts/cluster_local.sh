@@ -2,8 +2,11 @@
 # A cluster of N nodes on this machine: each node a network namespace joined to a bridge by a veth pair, each
 # node's link shaped to RATE in both directions (tbf), ranks on one node talking over that namespace's own
 # loopback, unshaped (the fast intra-node level). Needs root, ip and tc.
-#   scripts/cluster_local.sh up [--nodes N] [--rate RATE]   N from 2 to 4 (2); RATE a tc rate (1gbit, 250mbit)
-#                                                            or none (1gbit)
+#   scripts/cluster_local.sh up [--nodes N] [--rate RATE] [--slurm]
+#                                                            N from 2 to 4 (2); RATE a tc rate (1gbit, 250mbit)
+#                                                            or none (1gbit); --slurm: also a Slurm across the
+#                                                            nodes (partition "cluster"; export the SLURM_CONF
+#                                                            that up prints for sbatch, srun and hydra)
 #   scripts/cluster_local.sh status                          nodes, addresses, shaping; exit 1 when not up
 #   scripts/cluster_local.sh down                            removes what up made, and nothing else
 #   scripts/cluster_local.sh run NODE -- CMD...              CMD inside node NODE (0..N-1), with
@@ -17,6 +20,9 @@
 # 198.18.0.(10+i), named ringexp-node<i> in /etc/hosts (lines marked "# ringexp-cluster"). State lives in
 # $RINGEXP_CLUSTER_DIR (default /tmp/ringexp-cluster). Facts behind the settings: ../shared/DESIGN.md.
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/slurm_local.sh
+source "$here/slurm_local.sh"  # installing Slurm and munge, and the settings both Slurm clusters share
 dir="${RINGEXP_CLUSTER_DIR:-/tmp/ringexp-cluster}"
 bridge=rxbr0
 mark="# ringexp-cluster"
@@ -39,19 +45,20 @@ shape() {  # shape DEV RATE [NETNS]: tbf on DEV's egress (none: no qdisc)
 }
 
 up() {
-  local nodes=2 rate=1gbit
+  local nodes=2 rate=1gbit slurm=""
   while [ $# -gt 0 ]; do
     case "$1" in
-      --nodes) nodes="$2"; shift 2 ;;
-      --rate) rate="$2"; shift 2 ;;
-      *) fail "unknown option $1 (up [--nodes N] [--rate RATE])" 2 ;;
+      --nodes) nodes="${2:-}"; shift $(($# > 1 ? 2 : 1)) ;;
+      --rate) rate="${2:-}"; shift $(($# > 1 ? 2 : 1)) ;;
+      --slurm) slurm=slurm; shift ;;
+      *) fail "unknown option $1 (up [--nodes N] [--rate RATE] [--slurm])" 2 ;;
     esac
   done
   [[ "$nodes" =~ ^[2-4]$ ]] || fail "--nodes $nodes: give 2, 3 or 4" 2
   [[ "$rate" =~ ^(none|[0-9]+(\.[0-9]+)?[kmg]?(bit|bps))$ ]] || fail "--rate $rate: give a tc rate such as 1gbit or 250mbit, or none" 2
   need
-  if [ -f "$dir/nodes" ] && [ "$(cat "$dir/nodes")" = "$nodes $rate" ] && status >/dev/null 2>&1; then
-    echo "cluster_local: already up ($nodes nodes, $rate)"; return
+  if [ -f "$dir/nodes" ] && [ "$(cat "$dir/nodes")" = "$nodes $rate $slurm" ] && status >/dev/null 2>&1; then
+    echo "cluster_local: already up ($nodes nodes, $rate${slurm:+, Slurm})"; return
   fi
   down >/dev/null
   mkdir -p "$dir"
@@ -71,16 +78,58 @@ up() {
     shape "rxv$i" "$rate"              # what it receives
     echo "$(addr "$i") $(ns "$i") $mark" >>/etc/hosts
   done
-  echo "$nodes $rate" >"$dir/nodes"
+  echo "$nodes $rate $slurm" >"$dir/nodes"
+  [ -z "$slurm" ] || slurm_up "$nodes" "$rate"
   echo "cluster_local: up ($nodes nodes at $rate per node link: $(for i in $(seq 0 $((nodes - 1))); do printf '%s=%s ' "$(ns "$i")" "$(addr "$i")"; done))"
+  [ -z "$slurm" ] || echo "cluster_local: Slurm partition cluster; export SLURM_CONF=$dir/slurm/slurm.conf"
+}
+
+slurm_up() {  # slurmctld in the root namespace on the bridge address, one slurmd inside each node
+  local nodes="$1" rate="$2" s="$dir/slurm" names
+  "$here/slurm_local.sh" down >/dev/null  # one slurmctld per machine: the single-node one goes
+  mkdir -p "$s"
+  install_slurm "$s/apt.log"
+  [ "$(start_munge)" = started ] && touch "$s/munged-started"
+  names="$(ns 0)"
+  [ "$nodes" -gt 1 ] && names="ringexp-node[0-$((nodes - 1))]"
+  # Every task of every job learns its node's interface for gloo (the namespaces share one host name) and the
+  # link it is on, as a site's TaskProlog would set them on a real cluster.
+  printf '#!/bin/sh\necho export GLOO_SOCKET_IFNAME=eth0\necho export RINGEXP_CLUSTER_LINK=%s\n' "$rate" >"$s/task_prolog.sh"
+  echo 'echo export RINGEXP_CLUSTER_NODE=${SLURMD_NODENAME#ringexp-node}' >>"$s/task_prolog.sh"
+  chmod +x "$s/task_prolog.sh"
+  { slurm_conf "$s" "$(hostname -s)(198.18.0.1)"
+    echo "TaskProlog=$s/task_prolog.sh"
+    for i in $(seq 0 $((nodes - 1))); do
+      mkdir -p "$s/spool/$(ns "$i")"
+      echo "NodeName=$(ns "$i") NodeAddr=$(addr "$i") CPUs=$(nproc) RealMemory=$(memory_mb "$nodes") State=UNKNOWN"
+    done
+    echo "PartitionName=cluster Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"; } >"$s/slurm.conf"
+  export SLURM_CONF="$s/slurm.conf"
+  slurmctld -f "$SLURM_CONF"
+  for i in $(seq 0 $((nodes - 1))); do
+    # nsenter, not `ip netns exec`: that remounts /sys, and slurmd then finds no cgroup mount
+    nsenter --net="/var/run/netns/$(ns "$i")" slurmd -f "$SLURM_CONF" -N "$(ns "$i")"
+  done
+  wait_idle "$nodes" || fail "Slurm's nodes did not come up; see $s/log/" 1
 }
 
 down() {
   need
+  local s="$dir/slurm" pids="" alive
+  [ -f "$s/slurmctld.pid" ] && pids="$(cat "$s/slurmctld.pid")"
+  [ -f "$s/munged-started" ] && pids="$pids $(pgrep -x munged || true)"
   for n in $(ip netns list 2>/dev/null | awk '/^ringexp-node[0-9]/ {print $1}'); do
-    ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns del "$n"
+    pids="$pids $(ip netns pids "$n" 2>/dev/null | tr '\n' ' ')"  # slurmd, jobs, anything started there
   done
+  # shellcheck disable=SC2086
+  kill -9 $pids 2>/dev/null || true
+  for _ in $(seq 1 50); do  # gone, not just signalled: `down` then `up` must find the ports free
+    alive=""
+    for p in $pids; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
+  for n in $(ip netns list 2>/dev/null | awk '/^ringexp-node[0-9]/ {print $1}'); do ip netns del "$n"; done
   for v in $(ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^rxv[0-9]/ {sub(/@.*/, "", $2); print $2}'); do
     ip link del "$v" 2>/dev/null || true
   done
@@ -96,20 +145,21 @@ down() {
 
 status() {
   [ -f "$dir/nodes" ] || { echo "cluster_local: not up" >&2; return 1; }
-  read -r nodes rate <"$dir/nodes"
+  read -r nodes rate slurm <"$dir/nodes"
   echo "cluster: $nodes nodes, $rate per node link (both directions), bridge $bridge 198.18.0.1"
   for i in $(seq 0 $((nodes - 1))); do
     ip netns exec "$(ns "$i")" true 2>/dev/null || { echo "cluster_local: $(ns "$i") is missing" >&2; return 1; }
     printf '  %s  %s  %s\n' "$(ns "$i")" "$(addr "$i")" \
       "$(ip netns exec "$(ns "$i")" tc qdisc show dev eth0 | awk '/tbf/ {print "tbf rate " $8; f=1} END {if (!f) print "unshaped"}')"
   done
+  [ -z "$slurm" ] || SLURM_CONF="$dir/slurm/slurm.conf" sinfo -h -N -o "  %N %T (Slurm, partition %P, %c CPUs)" || { echo "cluster_local: Slurm does not answer" >&2; return 1; }
 }
 
 run() {  # run NODE -- CMD...
   local node="$1"; shift
   [ "${1:-}" = "--" ] && shift
   [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
-  read -r nodes rate <"$dir/nodes"
+  read -r nodes rate _ <"$dir/nodes"
   [[ "$node" =~ ^[0-9]+$ ]] && [ "$node" -lt "$nodes" ] || fail "node $node: give 0..$((nodes - 1))" 2
   # nsenter, not `ip netns exec`: that remounts /sys, which Slurm's daemons then cannot use
   exec nsenter --net="/var/run/netns/$(ns "$node")" env GLOO_SOCKET_IFNAME=eth0 RINGEXP_CLUSTER_NODE="$node" \
@@ -126,7 +176,7 @@ torchrun_all() {  # torchrun [--nproc-per-node K] -- ARGS...
   done
   [ "${1:-}" = "--" ] && shift
   [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
-  read -r nodes _ <"$dir/nodes"
+  read -r nodes _ _ <"$dir/nodes"
   port=$((29500 + RANDOM % 1000))
   for i in $(seq 0 $((nodes - 1))); do
     "$0" run "$i" -- torchrun --nnodes="$nodes" --node-rank="$i" --nproc-per-node="$nproc" \
@@ -145,5 +195,5 @@ case "$cmd" in
   status) status ;;
   run) [ $# -ge 1 ] || fail "usage: run NODE -- CMD..." 2; run "$@" ;;
   torchrun) torchrun_all "$@" ;;
-  *) echo "usage: scripts/cluster_local.sh up [--nodes N] [--rate RATE] | status | down | run NODE -- CMD | torchrun [--nproc-per-node K] -- ARGS" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster_local.sh up [--nodes N] [--rate RATE] [--slurm] | status | down | run NODE -- CMD | torchrun [--nproc-per-node K] -- ARGS" >&2; exit 2 ;;
 esac
