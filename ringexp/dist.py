@@ -2,6 +2,8 @@
 
 import os
 import random
+import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -49,6 +51,62 @@ def topology(env: Env) -> dict:
     local = env.local_world_size
     return {"nodes": max(1, env.world_size // local), "ranks_per_node": local,
             "link": os.environ.get("RINGEXP_CLUSTER_LINK", "loopback") if env.world_size > local else "loopback"}
+
+
+_addresses: list = []  # every rank's node, by rank (share_addresses), for naming the ones that stop answering
+
+
+def address() -> str:
+    """This rank's node as its peers know it: the host name and the address it reaches the master from (on
+    scripts/cluster_local.sh's nodes, network namespaces of one machine, only the address differs)."""
+    host = socket.gethostname()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # connect() on UDP sends nothing
+            s.connect((os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", 1))))
+            return f"{host} ({s.getsockname()[0]})"
+    except (KeyError, OSError, ValueError):
+        return host
+
+
+def share_addresses(env: Env) -> None:
+    global _addresses
+    _addresses = [None] * env.world_size
+    dist.all_gather_object(_addresses, address())
+
+
+def spans_nodes() -> bool:
+    """Whether this job's ranks run on more than one node (as the launcher set WORLD_SIZE and LOCAL_WORLD_SIZE)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    return world > int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def who_is_gone(cause: str, wait_s: float, give_up=lambda: False) -> str:
+    """After a collective failed because a peer went silent (a node down, its link cut): which ranks still answer.
+    Every rank that can reach the job's store, on the master, checks in there under a key of this attempt; the
+    ranks that have not within `wait_s` (or by the time `give_up()`) are named, with their nodes. A rank that cannot
+    reach the store itself says that its own node is cut off from the master's."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    me = f"rank {rank} on {_addresses[rank] if _addresses else address()}"
+    prefix = f"ringexp/answers/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=wait_s), wait_for_workers=False)
+        store.set(prefix + str(rank), "1")
+        deadline = time.monotonic() + wait_s
+        while True:
+            silent = [r for r in range(world) if not store.check([prefix + str(r)])]
+            if not silent or time.monotonic() > deadline or give_up():
+                break
+            time.sleep(0.2)
+    except Exception:  # (the store's own error says only that it timed out)
+        return (f"{me}: the master {master} does not answer either: this node is cut off from rank 0's, or rank "
+                f"0's node is down ({cause})")
+    if not silent:
+        return f"{me}: {cause}"
+    nodes = sorted({_addresses[r] for r in silent}) if _addresses else []
+    return (f"{me}: rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}"
+            f"{' on ' + ', '.join(nodes) if nodes else ''} stopped answering (node down or its link cut) ({cause})")
 
 
 def seed_everything(seed: int, rank: int) -> None:

@@ -27,16 +27,19 @@ class CheckpointError(RuntimeError):
 
 
 # what a worker's error says when the cause is another worker that died or hung
-PEER_LOST = ("peer", "connection closed", "Broken pipe", "timed out")
+PEER_LOST = ("peer", "connection closed", "broken pipe", "timed out")
 
 
 def peer_lost(message: str) -> bool:
-    return any(p in message for p in PEER_LOST)
+    return any(p in message.lower() for p in PEER_LOST)
 
 
 def print_error(message: str) -> None:
     """ringexp's one line for a failure: `ringexp: error: <what is wrong and what to do>` on stderr."""
-    print(f"ringexp: error: {message}", file=sys.stderr, flush=True)
+    # one write: the ranks of a torchrun job share one stderr, and a line written in two parts can be split by
+    # another rank's
+    sys.stderr.write(f"ringexp: error: {message}\n")
+    sys.stderr.flush()
 
 
 def print_warning(message: str) -> None:

@@ -4,6 +4,7 @@ entry point."""
 
 import logging
 import os
+import re
 import signal
 import tempfile
 import time
@@ -107,6 +108,10 @@ def run_worker(cfg, run_dir, meta):
         deadline = time.monotonic() + (2 if peer_lost(str(e)) else 0)
         while not stop.requested() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if not stop.requested() and peer_lost(str(e)) and rdist.spans_nodes():  # name the silent node
+            gone = rdist.who_is_gone(gloo_message(one_line(str(e))), min(10.0, cfg.parallel.timeout_s), stop.requested)
+            if not stop.requested():
+                raise RuntimeError(gone) from e
         if not stop.requested():
             raise
         log.info("stopped on request (%s)", one_line(str(e)) or type(e).__name__)
@@ -128,9 +133,18 @@ def train_rank(cfg, run_dir, meta):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        if env.world_size > 1:
+            rdist.share_addresses(env)
         return Trainer(cfg, env, run_dir, meta).train()
     finally:
         rdist.cleanup()
+
+
+def gloo_message(message: str) -> str:
+    """The words of a collective's error without what wraps them: DDP's hook repeats "Got the following error when
+    running the callback: RuntimeError:" and gloo prefixes its source file."""
+    message = message.rsplit("RuntimeError: ", 1)[-1]
+    return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ", "", message)
 
 
 def worker_failure(e) -> tuple:

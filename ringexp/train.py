@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from ringexp import checkpoint, records
 from ringexp.config import CONF_DIR, plain
-from ringexp.errors import ConfigError, RunDirTaken, print_error, print_warning
+from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import launch, run_worker, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config, job_world
@@ -149,7 +149,11 @@ def worker_rank_main() -> None:
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)
-    run_worker(config, None, None)
+    try:
+        run_worker(config, None, None)
+    except Exception as e:  # rank 0 says what failed and what to do; every other rank, in one line, why it stopped
+        print_error(one_line(str(e)) or repr(e))
+        sys.exit(1)
 
 
 def check_argv(args: list) -> None:
