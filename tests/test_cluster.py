@@ -1,12 +1,15 @@
-"""The local cluster (scripts/cluster_local.sh): nodes as network namespaces on a bridge. It comes up and goes
-down leaving nothing behind; a job spans its nodes through torchrun's multi-node rendezvous; every hand-written
-collective equals builtin across the real node boundary, and the hierarchical groups follow the nodes."""
+"""The local cluster (scripts/cluster_local.sh): nodes as network namespaces on a bridge, with a Slurm across them.
+It comes up and goes down leaving nothing behind; a job spans its nodes through torchrun's multi-node rendezvous
+and through hydra/launcher=slurm; every hand-written collective equals builtin across the real node boundary, and
+the hierarchical groups follow the nodes."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY, read_summary
@@ -26,18 +29,21 @@ def cluster(*args, timeout=300):
 
 
 def leftovers() -> list:
-    """What up made that is still there: namespaces, links, name entries, state."""
+    """What up made that is still there: namespaces, links, name entries, Slurm's daemons, state."""
     found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
              if n.startswith("ringexp-node")]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     found += [w for w in links.replace(":", " ").replace("@", " ").split() if w.startswith(("rxv", "rxbr"))]
     found += [line for line in open("/etc/hosts") if "ringexp-cluster" in line]
+    found += [d for d in ("slurmctld", "slurmd") if subprocess.run(["pgrep", "-x", d], capture_output=True).stdout]
     return found + (["/tmp/ringexp-cluster"] if os.path.exists("/tmp/ringexp-cluster") else [])
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    r = cluster("up", "--nodes", "2", "--rate", "none")
+    r = cluster("up", "--nodes", "2", "--rate", "none", "--slurm", timeout=600)  # may install Slurm (apt)
+    if r.returncode == 3:
+        pytest.skip(f"no local cluster: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr
     try:
         yield
@@ -47,10 +53,11 @@ def two_nodes():
 
 
 def test_up_twice_is_harmless_and_status_shows_the_nodes(two_nodes):
-    r = cluster("up", "--nodes", "2", "--rate", "none")
+    r = cluster("up", "--nodes", "2", "--rate", "none", "--slurm")
     assert r.returncode == 0 and "already up" in r.stdout, r.stderr
     r = cluster("status")
     assert r.returncode == 0 and "ringexp-node0  198.18.0.10  unshaped" in r.stdout, r.stdout
+    assert "ringexp-node1 idle" in r.stdout, r.stdout  # Slurm's view
     r = cluster("run", "1", "--", "python3", "-c", "import socket; print(socket.gethostbyname('ringexp-node0'))")
     assert r.stdout.strip() == "198.18.0.10", r.stderr
     for bad in (["up", "--nodes", "9"], ["up", "--rate", "fast"], ["run", "7", "--", "true"]):
@@ -74,7 +81,20 @@ def test_a_training_job_spans_the_nodes_through_torchrun(two_nodes, tmp_path):
                 f"hydra.run.dir={tmp_path / 'run'}")  # (4 nodes of the 4-rank job: valid for the job's real world)
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(tmp_path / "run")
-    assert s["status"] == "completed" and s["world_size"] == 4, s
+    assert (s["status"], s["world_size"], s["nodes"], s["ranks_per_node"]) == ("completed", 4, 2, 2), s
+
+
+def test_a_sweep_spans_the_nodes_through_slurm(two_nodes, tmp_path):
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=6", "logger=none",
+                        "+parallel=hierarchical", "hydra/launcher=slurm", "hydra.launcher.nodes=2",
+                        "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(sweep / "0")
+    assert (s["status"], s["world_size"], s["nodes"], s["ranks_per_node"]) == ("completed", 4, 2, 2), s
+    assert s["link"] == "none"  # the link as the cluster's TaskProlog told every task
 
 
 def test_the_bench_runs_across_the_nodes_and_says_where(two_nodes, tmp_path):
@@ -86,3 +106,42 @@ def test_the_bench_runs_across_the_nodes_and_says_where(two_nodes, tmp_path):
     rows = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert {(row["nprocs"], row["nodes"], row["ranks_per_node"]) for row in rows} == {(4, 2, 2)}
     assert len(rows) == 2 * 10 and all(row["wrong"] == 0 for row in rows), rows  # 5 algorithms x 2 codecs x 2 sizes
+
+
+def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(two_nodes, tmp_path):
+    """ip link down on node 1's veth mid-run: every rank on both nodes exits within parallel.timeout_s + 30 s with
+    one line naming who stopped answering, no process is left, and resume=auto finishes from the last checkpoint."""
+    run = tmp_path / "run"
+    args = ["-m", "ringexp.train", *TINY, "steps=60", "eval_every=1000", "checkpoint.every_steps=5",
+            "parallel.timeout_s=10", "logger=none", f"hydra.run.dir={run}"]
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([SCRIPT, "torchrun", "--nproc-per-node", "2", "--", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(run.glob("checkpoints/step-*/meta.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        subprocess.run(["ip", "link", "set", "rxv1", "down"], check=True)
+        cut = time.monotonic()
+        _, err = proc.communicate(timeout=10 + 30)
+        took = time.monotonic() - cut
+    finally:
+        subprocess.run(["ip", "link", "set", "rxv1", "up"], check=True)
+        proc.kill()
+    assert proc.returncode != 0 and took < 10 + 30, (took, err[-3000:])
+    lines = [x for x in err.splitlines() if x.startswith("ringexp: error: rank ")]
+    assert len(lines) == 4, err[-3000:]  # one per rank, each naming the other side
+    node0, node1 = ([x for x in lines if f"({addr}): " in x] for addr in ("198.18.0.10", "198.18.0.11"))
+    assert len(node0) == 2 and all("ranks 2, 3 on" in x and "(198.18.0.11) stopped answering" in x for x in node0)
+    assert len(node1) == 2 and all("the master 198.18.0.10:" in x for x in node1), lines
+    assert [p for n in ("ringexp-node0", "ringexp-node1") for p in namespace_processes(n) if p != "slurmd"] == []
+    kept = sorted(p.parent.name for p in run.glob("checkpoints/step-*/meta.json"))
+    r = cluster("torchrun", "--nproc-per-node", "2", "--", *args, "resume=auto")
+    assert r.returncode == 0, [x for x in r.stderr.splitlines() if x.startswith("ringexp")] or r.stderr[-3000:]
+    s = read_summary(run)
+    assert s["status"] == "completed" and s["resumed_from"]["checkpoint"].endswith(kept[-1]), s
+
+
+def namespace_processes(ns: str) -> list:
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    return [Path(f"/proc/{p}/comm").read_text().strip() for p in pids if Path(f"/proc/{p}").exists()]
