@@ -3,6 +3,13 @@
 import pytest
 import torch
 from conftest import read_summary, run_cli
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from ringexp.config import CONF_DIR
+from ringexp.errors import ConfigError
+from ringexp.train import prepare
 
 pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
 
@@ -66,14 +73,28 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_ringexp_validation_errors_are_one_line_exit_2(case, tmp_path, image_folder):
+def test_ringexp_validation_errors_are_one_short_line(case, tmp_path, image_folder):
+    """Every case through what the CLI runs before any worker starts (compose, then train.prepare), in this
+    process: the command line's own behaviour is the next test's, on a few of them."""
     if case == "cuda without GPUs" and torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
     make, words = CASES[case]
     folder = image_folder if "csv" in case else tmp_path / "empty"
     folder.mkdir(exist_ok=True)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[*make(folder), "logger.mode=disabled"])
+    with pytest.raises(ConfigError) as e:
+        prepare(cfg, tmp_path / "run")
+    assert words in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 400, str(e.value)
+
+
+@pytest.mark.parametrize("case", ["nodes do not divide workers", "cuda without GPUs", "csv bad value"])
+def test_the_cli_prints_a_validation_error_as_one_line_exit_2_and_writes_nothing_else(case, tmp_path, image_folder):
+    if case == "cuda without GPUs" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    make, words = CASES[case]
     run_dir = tmp_path / "run"
-    r = run_cli(run_dir, *make(folder), "logger.mode=disabled")
+    r = run_cli(run_dir, *make(image_folder), "logger.mode=disabled")
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("ringexp: error: "), r.stderr
@@ -84,7 +105,7 @@ def test_ringexp_validation_errors_are_one_line_exit_2(case, tmp_path, image_fol
     assert not (run_dir / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("overrides,words", [
+COMPOSITION = [
     (["+parallel=nope"], "Available options in 'parallel'"),
     (["amp=fp32"], "Available options in 'amp'"),
     (["compression=zip"], "Available options in 'compression'"),
@@ -92,8 +113,19 @@ def test_ringexp_validation_errors_are_one_line_exit_2(case, tmp_path, image_fol
     (["steps=many"], "steps=many"),
     (["amp.mode=fp8"], "fp8"),
     (["parallel.strategy=ringg"], "ringg"),
-])
-def test_composition_errors_keep_hydras_short_message(overrides, words, tmp_path):
+]
+
+
+@pytest.mark.parametrize("overrides,words", COMPOSITION)
+def test_composition_errors_are_hydras_own(overrides, words):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        with pytest.raises((HydraException, OmegaConfBaseException)) as e:
+            compose("train", overrides=overrides)
+    assert words in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("overrides,words", [COMPOSITION[0], COMPOSITION[4]])
+def test_the_cli_keeps_hydras_short_message_for_composition_errors(overrides, words, tmp_path):
     r = run_cli(tmp_path / "run", *overrides)
     assert r.returncode == 1
     assert words in r.stderr
