@@ -45,6 +45,7 @@ VARIANTS = {
     "leader": ("hierarchical", {"variant": "leader"}),
     "naive": ("naive", {}),
 }
+INTER = ("fp16:inter", "bf16:inter", "int8:inter")  # wire formats the hierarchical all-reduce can keep between nodes
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-2}
 
@@ -76,10 +77,12 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
     unknown = [a for a in cfg.algorithms if not known(a)]
     if unknown:
         raise ConfigError(f"bench: unknown algorithm {unknown[0]}; choose from {', '.join(VARIANTS)}")
-    odd = [c for c in cfg.compressors if c not in compress.COMPRESSORS or c == "powersgd"]
+    odd = [c for c in cfg.compressors if c.partition(":")[0] not in compress.COMPRESSORS or c.startswith("powersgd")
+           or c.partition(":")[2] not in ("", "inter") or c.endswith(":inter") and c not in INTER]
     if odd:
         raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
-                          f"{', '.join(c for c in compress.COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook)")
+                          f"{', '.join(c for c in compress.COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook), "
+                          f"or {', '.join(INTER)} (a wire format between nodes only, hierarchical rows)")
     bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
@@ -90,6 +93,14 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
         odd = [n for n in worlds if n % cfg.nodes]
         if odd:
             raise ConfigError(f"bench: nodes={cfg.nodes} does not divide nprocs={odd[0]}; set nodes to a divisor")
+
+
+def compressor(name: str, ratio: float) -> CompressionConfig:
+    """A bench compressor: a compression name, or NAME:inter for a wire format on the inter-node stage of the
+    hierarchical all-reduce only (the other algorithms skip it), as +parallel=hierarchical_int8 runs it."""
+    base, _, where = name.partition(":")
+    return CompressionConfig(name=base, ratio=ratio, error_feedback=False,
+                             scope="inter_node" if where == "inter" else "all")
 
 
 def count_wrong(x, y, c, dname: str, n: int) -> int:
@@ -115,15 +126,17 @@ def bench_worker(cfg: BenchConfig) -> list:
     specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
     for cname in cfg.compressors:
         if cname != "none":
-            c = CompressionConfig(name=cname, ratio=cfg.ratio, error_feedback=False)
-            specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()}
+            c = compressor(cname, cfg.ratio)
+            specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()
+                      if c.scope == "all" or algo == "hierarchical"}
 
     def run(buf, spec):
         algo, o, c = spec
         if c is None:
             # check=False: the bench times the algorithm alone (its inputs agree by construction)
             return comm.all_reduce(buf, algo, check=False, **comm.options_for(algo, opts | o))
-        return compress.all_reduce(buf, algo, compress.State(c), **(opts | o))
+        scope = {"scope": c.scope} if algo == "hierarchical" else {}
+        return compress.all_reduce(buf, algo, compress.State(c), **(opts | o | scope))
 
     for dname in cfg.dtypes:
         dtype = DTYPES[dname]
@@ -182,7 +195,7 @@ def codec_rows(cfg: BenchConfig) -> list:
     for nbytes in sizes(cfg):
         x = torch.randn(nbytes // 4)
         cast_s = median_time(partial(x.to, torch.float16), cfg.iters)
-        rows += [codec_row(name, x, cast_s, cfg) for name in cfg.compressors if name != "none"]
+        rows += [codec_row(name, x, cast_s, cfg) for name in cfg.compressors if name != "none" and ":" not in name]
     print("\n# codecs on one core (x cast = a float32-to-fp16 cast's time / this time; 1 is as fast as the cast)")
     print(f"{'size':>8} {'codec':>9} {'encode ms':>10} {'decode ms':>10} {'cast ms':>8} {'enc x cast':>10} "
           f"{'dec x cast':>10} {'wire':>6}")
@@ -195,7 +208,7 @@ def codec_rows(cfg: BenchConfig) -> list:
 
 def codec_row(name: str, x, cast_s: float, cfg: BenchConfig) -> dict:
     """Decode is add_into (decode and add, as a ring hop does) where the codec has it, else decode."""
-    c = CompressionConfig(name=name, ratio=cfg.ratio, error_feedback=False)
+    c = compressor(name, cfg.ratio)
     m, ctx = compress.COMPRESSORS[name], compress.context(c, 10**9, 0)
     payload = m.encode(x, c, ctx)
     if hasattr(m, "add_into"):
@@ -231,11 +244,11 @@ def print_rows(rows: list, header: bool) -> None:
         print(f"\n# nprocs={r['nprocs']} on {r['nodes']} node(s) x {r['ranks_per_node']} rank(s), link {r['link']}  "
               "(time = median over rounds of the slowest rank; "
               "busbw = algbw x 2(n-1)/n; x builtin = builtin time / this time)")
-        print(f"{'size':>8} {'count':>11} {'type':>9} {'algorithm':>13} {'time(us)':>11} {'algbw':>7} {'busbw':>7} "
+        print(f"{'size':>8} {'count':>11} {'type':>9} {'algorithm':>24} {'time(us)':>11} {'algbw':>7} {'busbw':>7} "
               f"{'#wrong':>7} {'x builtin':>9}")
     for r in rows:
         ratio = f"{r['vs_builtin']:.2f}" if r["vs_builtin"] else "-"
-        print(f"{fmt_size(r['size_bytes']):>8} {r['count']:>11} {r['type']:>9} {r['algorithm']:>13} "
+        print(f"{fmt_size(r['size_bytes']):>8} {r['count']:>11} {r['type']:>9} {r['algorithm']:>24} "
               f"{r['time_us']:>11.1f} {r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>7} {ratio:>9}",
               flush=True)
 
