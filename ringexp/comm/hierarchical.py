@@ -16,6 +16,7 @@ intra-node gather and send-back stay exact).
 
 import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 
@@ -23,6 +24,8 @@ from ringexp.comm import naive, ring
 from ringexp.comm.p2p import finish, global_ranks, members_of, work_copy
 
 VARIANTS = ("two_level", "leader")
+# two_level's pipeline: pieces of at least PIECE_BYTES, at most PIECES of them (64 MB in 4 pieces of 16 MB)
+PIECES, PIECE_BYTES = 4, 4 << 20
 # all_reduce's options (ringexp.comm refuses others)
 OPTIONS = ("nodes", "variant", "segment_bytes", "timeout_s", "wire", "scope")
 
@@ -68,20 +71,47 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
     local = wire if scope == "all" else None
     opts = {"segment_bytes": segment_bytes, "timeout_s": timeout_s}
     if variant == "two_level":
-        m = len(node)
-        owned = step(1, "intra-node reduce-scatter", ring.reduce_scatter, flat, group, wire=local, members=node,
-                     **opts) if m > 1 else 0
-        b, e = ring.chunk_bounds(flat.numel(), m)[owned]
-        if e > b and len(inter) > 1:
-            step(2, "inter-node ring", ring.all_reduce, flat[b:e], group, wire=wire, members=inter, **opts)
-        if m > 1:
-            step(3, "intra-node all-gather", ring.all_gather, flat, group, wire=local, members=node, **opts)
+        two_level(flat, group, node, inter, wire, local, opts, step)
     else:  # the leader is the node's first rank
         step(1, "reduce to the node's leader", naive.gather_sum, flat, group, node, timeout_s, name="reduce")
         if dist.get_rank(group) == node[0] and len(inter) > 1:  # a leader: its inter-node ring is the leaders'
             step(2, "ring among leaders", ring.all_reduce, flat, group, wire=wire, members=inter, **opts)
         step(3, "send back from the leader", naive.send_back, flat, group, node, timeout_s, name="send back")
     return finish(tensor, flat)
+
+
+def two_level(flat, group, node, inter, wire, local, opts, step) -> None:
+    """Reduce-scatter in the node, all-reduce of this rank's shard between nodes, all-gather in the node; in
+    pieces, pipelined: while a background thread runs a piece's inter-node ring (the slow link: waiting), this
+    thread runs the node's stages of the pieces before and after it (CPU work). The two threads talk to disjoint
+    peers (the node's ranks, the other nodes' ranks at the same local index), so their messages never mix."""
+    m = len(node)
+    pieces = piece_bounds(flat, m, opts["segment_bytes"]) if m > 1 and len(inter) > 1 else [(0, flat.numel())]
+
+    def inter_ring(shard):
+        step(2, "inter-node ring", ring.all_reduce, shard, group, wire=wire, members=inter, **opts)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="ringexp-inter-node") as pool:
+        pending = []
+        for b, e in pieces:
+            piece = flat[b:e]
+            owned = step(1, "intra-node reduce-scatter", ring.reduce_scatter, piece, group, wire=local, members=node,
+                         **opts) if m > 1 else 0
+            lo, hi = ring.chunk_bounds(piece.numel(), m)[owned]
+            pending.append(pool.submit(inter_ring, piece[lo:hi]) if hi > lo and len(inter) > 1 else None)
+        for (b, e), shard_done in zip(pieces, pending, strict=True):
+            if shard_done is not None:
+                shard_done.result()
+            if m > 1:
+                step(3, "intra-node all-gather", ring.all_gather, flat[b:e], group, wire=local, members=node, **opts)
+
+
+def piece_bounds(flat, m: int, segment_bytes) -> list:
+    """Up to PIECES pieces for two_level's pipeline, each at least PIECE_BYTES (or, with an explicit segment
+    size, m x 4 segments: every rank's shard of a piece still fills a few of the ring's segments)."""
+    least = PIECE_BYTES if segment_bytes is None else 4 * m * segment_bytes
+    k = max(1, min(PIECES, flat.numel() * flat.element_size() // max(1, least)))
+    return ring.chunk_bounds(flat.numel(), k)
 
 
 def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", wire_ratio: float = 1.0,
