@@ -6,8 +6,9 @@ is never held in int8.
 
 Payload: the block scales, then the bytes. A block holding NaN or inf has its scale stored negated, and those
 elements the code -128 (which a finite value never takes): decode restores them as NaN, so a bad gradient is
-seen, never hidden. Finite blocks, the ones that matter for speed, take two passes to encode and two to
-decode (measured against a float32-to-fp16 cast by `python -m ringexp.bench codec=true`)."""
+seen, never hidden. Finite blocks, the ones that matter for speed, take four passes to encode (amax, amin, one
+addcmul that scales and rounds, one narrowing copy) and two to decode (measured against a float32-to-fp16 cast
+by `python -m ringexp.bench codec=true`: encode 0.47x, decode 0.96x of its speed)."""
 
 import math
 
