@@ -24,7 +24,7 @@ from ringexp.errors import print_error, print_warning
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute ms", "exposed comm ms",
-        "comm share", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
+        "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
 
 
 def load_local(paths) -> list:
@@ -117,11 +117,12 @@ def table(runs, baseline: str | None = None):
             "speed-up": tp["median"] / base_tp if base_tp else None,
             "step ms": _ms(step), "compute ms": _ms(t.get("compute_s")),
             "exposed comm ms": _ms(t.get("exposed_comm_s")),
-            "comm share": comm / step if comm is not None and step else None,
+            "comm share": comm / step if comm is not None and step else None, "overlap": t.get("overlap"),
             "wire kB/step": s.get("wire_bytes_per_rank_per_step", 0) / 1e3,
             "final AUROC": s["final"].get("auroc_macro"), "best AUROC": s["best"].get("auroc_macro"),
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
+            "verdict": t.get("verdict"),
         })
     return rows, failed, base
 
@@ -133,7 +134,7 @@ def _ms(seconds):
 def fmt(key: str, value) -> str:
     if value is None:
         return "-"
-    if key == "comm share":
+    if key in ("comm share", "overlap"):
         return f"{value:.0%}"
     if key == "speed-up":
         return f"{value:.2f}x"
@@ -148,6 +149,9 @@ def markdown(rows, failed, base) -> str:
     out = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     out += ["| " + " | ".join(fmt(k, r[k]) + (" (baseline)" if k == "run" and i == base else "") for k in HEAD)
             + " |" for i, r in enumerate(rows)]
+    verdicts = [f"- `{r['run']}`: {r['verdict']}" for r in rows if r.get("verdict")]
+    if verdicts:  # what each run's own record concluded about its step time (ringexp.timing.verdict)
+        out += ["", "Verdicts:", ""] + verdicts
     if failed:
         out += ["", "Failed runs:", ""] + [f"- `{label}`: {error.splitlines()[0] if error else ''}"
                                            for label, error in failed]
