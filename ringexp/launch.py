@@ -93,6 +93,14 @@ def forked_worker(cfg, run_dir: str, meta: dict):
     return run_worker(cfg, run_dir, meta)
 
 
+def answer_wait(error: str, timeout_s: float) -> float:
+    """How long a rank whose collective broke waits for the others to check in (rdist.who_is_gone). A rank that
+    timed out waited timeout_s already, as every live rank did: 10 s is enough for them. A rank told at once (its
+    neighbour's socket reset) must give the others their whole timeout to notice, or it names live ranks as gone
+    (seen: a killed Slurm task's neighbour named all three others)."""
+    return min(10.0, timeout_s) if "timed out" in error.lower() else timeout_s + 10.0
+
+
 def run_worker(cfg, run_dir, meta):
     """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary, or
     stop.INTERRUPTED on every rank when the job was asked to stop (Ctrl-C, SIGTERM: ringexp.stop)."""
@@ -109,7 +117,8 @@ def run_worker(cfg, run_dir, meta):
         while not stop.requested() and time.monotonic() < deadline:
             time.sleep(0.05)
         if not stop.requested() and peer_lost(str(e)) and rdist.spans_nodes():  # name the silent node
-            gone = rdist.who_is_gone(gloo_message(one_line(str(e))), min(10.0, cfg.parallel.timeout_s), stop.requested)
+            gone = rdist.who_is_gone(gloo_message(one_line(str(e))), answer_wait(str(e), cfg.parallel.timeout_s),
+                                     stop.requested)
             if not stop.requested():
                 raise RuntimeError(gone) from e
         if not stop.requested():

@@ -105,6 +105,7 @@ slurm_up() {  # slurmctld in the root namespace on the bridge address, one slurm
     done
     echo "PartitionName=cluster Nodes=$names Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"; } >"$s/slurm.conf"
   export SLURM_CONF="$s/slurm.conf"
+  start_accounting "$s" || fail "no Slurm accounting; see $s/log/" 1
   slurmctld -f "$SLURM_CONF"
   for i in $(seq 0 $((nodes - 1))); do
     # nsenter, not `ip netns exec`: that remounts /sys, and slurmd then finds no cgroup mount
@@ -117,6 +118,7 @@ down() {
   need
   local s="$dir/slurm" pids="" alive
   [ -f "$s/slurmctld.pid" ] && pids="$(cat "$s/slurmctld.pid")"
+  [ -d "$s" ] && pids="$pids $(accounting_pids "$s" | tr '\n' ' ')"
   [ -f "$s/munged-started" ] && pids="$pids $(pgrep -x munged || true)"
   for n in $(ip netns list 2>/dev/null | awk '/^ringexp-node[0-9]/ {print $1}'); do
     pids="$pids $(ip netns pids "$n" 2>/dev/null | tr '\n' ' ')"  # slurmd, jobs, anything started there

@@ -10,12 +10,14 @@ set -euo pipefail
 # The functions up to the guard below are shared with scripts/cluster_local.sh --slurm, which sources
 # this file: each takes what it needs as arguments.
 
-install_slurm() {  # install_slurm LOG: slurm-wlm and munge, where missing
-  command -v slurmctld >/dev/null && command -v munged >/dev/null && return
-  if [ "$(id -u)" != 0 ]; then echo "slurm_local: slurm-wlm and munge are missing and need root to install" >&2; exit 3; fi
-  echo "slurm_local: installing slurm-wlm and munge (apt, about 30 s)" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) >"$1" 2>&1 \
-    || { echo "slurm_local: apt-get install failed, see $1" >&2; exit 3; }
+install_slurm() {  # install_slurm LOG: slurm-wlm, munge, and slurmdbd with MariaDB (accounting), where missing
+  local tool
+  for tool in slurmctld munged slurmdbd mariadbd; do command -v "$tool" >/dev/null || break; done
+  command -v "$tool" >/dev/null && return
+  if [ "$(id -u)" != 0 ]; then echo "slurm_local: Slurm's packages are missing and need root to install" >&2; exit 3; fi
+  echo "slurm_local: installing slurm-wlm, slurmdbd, mariadb-server and munge (apt, about 1 min)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm slurmdbd mariadb-server munge) \
+    >"$1" 2>&1 || { echo "slurm_local: apt-get install failed, see $1" >&2; exit 3; }
 }
 
 start_munge() {  # a key and munged, where missing; prints "started" when it started munged
@@ -23,6 +25,33 @@ start_munge() {  # a key and munged, where missing; prints "started" when it sta
   [ -s /etc/munge/munge.key ] || (dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key status=none \
     && chmod 400 /etc/munge/munge.key)
   pgrep -x munged >/dev/null || { munged --force && echo started; }
+}
+
+start_accounting() {  # start_accounting DIR: MariaDB and slurmdbd on loopback, for the cluster whose slurm.conf is in DIR
+  # Why: sacct is how submitit learns that a job ended when one of its tasks left no result (killed, OOM, its
+  # node lost); without accounting it waits for ever. The database is this cluster's own, in DIR/db, reached
+  # on 127.0.0.1 only and without grant tables (nothing else can connect to it).
+  local d="$1" port=3316
+  mkdir -p "$d/log"
+  [ -d "$d/db/mysql" ] || mariadb-install-db --user=root --datadir="$d/db" --skip-test-db >"$d/log/mariadb-install.log" 2>&1
+  if ! { [ -f "$d/mariadb.pid" ] && kill -0 "$(cat "$d/mariadb.pid")" 2>/dev/null; }; then
+    setsid mariadbd --user=root --datadir="$d/db" --bind-address=127.0.0.1 --port="$port" --socket="$d/mariadb.sock" \
+      --pid-file="$d/mariadb.pid" --skip-grant-tables --innodb-buffer-pool-size=32M --log-error="$d/log/mariadb.log" \
+      </dev/null >/dev/null 2>&1 &
+  fi
+  printf '%s\n' DbdHost=localhost SlurmUser=root AuthType=auth/munge StorageType=accounting_storage/mysql \
+    StorageHost=127.0.0.1 "StoragePort=$port" StorageUser=root StorageLoc=ringexp_acct "PidFile=$d/slurmdbd.pid" \
+    "LogFile=$d/log/slurmdbd.log" >"$d/slurmdbd.conf"
+  chmod 600 "$d/slurmdbd.conf"  # slurmdbd refuses a config others can read
+  for _ in $(seq 1 60); do mariadb-admin -h 127.0.0.1 -P "$port" ping >/dev/null 2>&1 && break; sleep 0.5; done
+  pgrep -x slurmdbd >/dev/null || SLURM_CONF="$d/slurm.conf" slurmdbd  # reads slurmdbd.conf beside SLURM_CONF
+  for _ in $(seq 1 60); do (echo >/dev/tcp/127.0.0.1/6819) 2>/dev/null && return; sleep 0.5; done
+  echo "slurm_local: slurmdbd did not start; see $d/log/" >&2
+  return 1
+}
+
+accounting_pids() {  # accounting_pids DIR: the pids of start_accounting's daemons for DIR
+  cat "$1/slurmdbd.pid" "$1/mariadb.pid" 2>/dev/null || true
 }
 
 slurm_conf() {  # slurm_conf DIR CTLD_HOST: the settings both clusters share; nodes and partition follow
@@ -47,7 +76,8 @@ MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
@@ -89,6 +119,7 @@ up() {
   mkdir -p /etc/slurm
   [ -e /etc/slurm/slurm.conf ] || ln -s "$conf" /etc/slurm/slurm.conf
   start_munge >/dev/null
+  start_accounting "$dir" || exit 1
   pgrep -x slurmctld >/dev/null || slurmctld -f "$conf"
   pgrep -x slurmd >/dev/null || slurmd -f "$conf"
   if wait_idle 1; then
@@ -100,8 +131,16 @@ up() {
 }
 
 down() {
+  local pids
+  pids="$(accounting_pids "$dir")"
   pkill -x slurmd 2>/dev/null || true
   pkill -x slurmctld 2>/dev/null || true
+  # shellcheck disable=SC2086
+  [ -z "$pids" ] || kill $pids 2>/dev/null || true
+  for _ in $(seq 1 100); do  # gone, not just signalled: the next up needs the ports
+    pgrep -x slurmdbd >/dev/null || pgrep -f "mariadbd.*--datadir=$dir/db" >/dev/null || break
+    sleep 0.1
+  done
   echo "slurm_local: down"
 }
 

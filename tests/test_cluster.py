@@ -35,7 +35,8 @@ def leftovers() -> list:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     found += [w for w in links.replace(":", " ").replace("@", " ").split() if w.startswith(("rxv", "rxbr"))]
     found += [line for line in open("/etc/hosts") if "ringexp-cluster" in line]
-    found += [d for d in ("slurmctld", "slurmd") if subprocess.run(["pgrep", "-x", d], capture_output=True).stdout]
+    found += [d for d in ("slurmctld", "slurmd", "slurmdbd", "mariadbd")
+              if subprocess.run(["pgrep", "-x", d], capture_output=True).stdout]
     return found + (["/tmp/ringexp-cluster"] if os.path.exists("/tmp/ringexp-cluster") else [])
 
 
@@ -128,6 +129,7 @@ def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(
     finally:
         subprocess.run(["ip", "link", "set", "rxv1", "up"], check=True)
         proc.kill()
+        slurm_nodes_idle()  # node 1's slurmd was cut off too: Slurm marked it down
     assert proc.returncode != 0 and took < 10 + 30, (took, err[-3000:])
     lines = [x for x in err.splitlines() if x.startswith("ringexp: error: rank ")]
     assert len(lines) == 4, err[-3000:]  # one per rank, each naming the other side
@@ -142,6 +144,73 @@ def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(
     assert s["status"] == "completed" and s["resumed_from"]["checkpoint"].endswith(kept[-1]), s
 
 
+def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_nodes, tmp_path):
+    """kill -9 one Slurm task (rank 3, on node 1) mid-run: the other ranks exit within parallel.timeout_s + 30 s,
+    each with one line naming rank 3; the sweep reports the job as failed (no traceback: submitit learns from
+    sacct that the task ended) and ends; no process is left; resume=auto finishes the job through Slurm."""
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=60", "eval_every=1000", "logger=none",
+            "checkpoint.every_steps=5", "parallel.timeout_s=10", "+parallel=ddp", "hydra/launcher=slurm",
+            "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    slurm_nodes_idle()
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(sweep.glob("0/checkpoints/step-*/meta.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = {task_rank(p): p for p in ip_netns_pids("ringexp-node1") if task_rank(p) is not None}
+        os.kill(int(ranks[3]), 9)
+        killed = time.monotonic()
+        while any(task_rank(p) is not None for n in ("ringexp-node0", "ringexp-node1") for p in ip_netns_pids(n)):
+            assert time.monotonic() - killed < 10 + 30, "ranks still running"
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=120)  # submitit polls sacct, then waits 15 s for the lost result
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    lines = [x for log in sweep.glob(".submitit/*/*_log.err") for x in log.read_text().splitlines()
+             if x.startswith("ringexp: error: rank ")]
+    assert len(lines) == 3 and all("rank 3 on " in x and "(198.18.0.11) stopped answering" in x for x in lines), lines
+    s = read_summary(sweep / "0")
+    assert s["status"] == "failed" and "rank 3 on " in s["error"], s
+    assert [p for n in ("ringexp-node0", "ringexp-node1") for p in namespace_processes(n) if p != "slurmd"] == []
+    kept = sorted(p.parent.name for p in sweep.glob("0/checkpoints/step-*/meta.json"))
+    r = subprocess.run([*args, "resume=auto"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_summary(sweep / "0")
+    assert s["status"] == "completed" and s["resumed_from"]["checkpoint"].endswith(kept[-1]), s
+
+
+def slurm_nodes_idle(timeout: float = 120) -> None:
+    """Until Slurm sees both nodes idle again, bringing back a node it marked down (as an admin would)."""
+    env = {**os.environ, "SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env).stdout
+        if states.count(" idle") == 2:
+            return
+        if "down" in states or "drain" in states:
+            subprocess.run(["scontrol", "update", "nodename=ringexp-node[0-1]", "state=resume"], env=env,
+                           capture_output=True)
+        time.sleep(1)
+    raise AssertionError(f"Slurm's nodes are not idle: {states}")
+
+
+def ip_netns_pids(ns: str) -> list:
+    return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+
+
+def task_rank(pid: str):
+    """The rank of a process that is a task of a Slurm job (SLURM_PROCID), else None."""
+    try:
+        env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
+        cmd = Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return None
+    return int(env["SLURM_PROCID"]) if "submitit.core._submit" in cmd and "SLURM_PROCID" in env else None
+
+
 def namespace_processes(ns: str) -> list:
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-    return [Path(f"/proc/{p}/comm").read_text().strip() for p in pids if Path(f"/proc/{p}").exists()]
+    return [Path(f"/proc/{p}/comm").read_text().strip() for p in ip_netns_pids(ns) if Path(f"/proc/{p}").exists()]

@@ -19,7 +19,8 @@ def slurm():
     if up.returncode == 3:  # the script's code for "packages missing and cannot be installed"
         pytest.skip(f"no local Slurm: {up.stderr.strip()}")
     assert up.returncode == 0, up.stdout + up.stderr
-    return {**os.environ, "SLURM_CONF": os.environ.get("RINGEXP_SLURM_DIR", "/tmp/ringexp-slurm") + "/slurm.conf"}
+    yield {**os.environ, "SLURM_CONF": os.environ.get("RINGEXP_SLURM_DIR", "/tmp/ringexp-slurm") + "/slurm.conf"}
+    subprocess.run([str(ROOT / "scripts/slurm_local.sh"), "down"], capture_output=True, timeout=60)
 
 
 def test_a_sweep_runs_on_slurm_with_one_rank_per_task(tmp_path, slurm):
