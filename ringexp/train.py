@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from ringexp import checkpoint, records
 from ringexp.config import CONF_DIR, plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error, print_warning
-from ringexp.launch import launch, run_worker, worker_failure
+from ringexp.launch import launch, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config, job_world
 
@@ -110,7 +110,7 @@ def run(cfg, run_dir: Path) -> dict | None:
         records.mark_failed(run_dir, message[:2000])
         kept = checkpoint.complete(run_dir)
         if kept and "resume=auto" not in message:
-            message += f" (last checkpoint: {kept[-1]}; resume=auto hydra.run.dir={run_dir} continues from it)"
+            message += f" (last checkpoint: {kept[-1]}; {resume_words(run_dir)} continues from it)"
         return fail(run_dir, message, code)
     if summary == stop.INTERRUPTED or stop.requested():
         return interrupted(run_dir)
@@ -124,10 +124,18 @@ def interrupted(run_dir: Path) -> None:
     whose remaining jobs are not started)."""
     records.mark_failed(run_dir, "interrupted")
     kept = checkpoint.complete(run_dir)
-    where = (f"; resume=auto hydra.run.dir={run_dir} continues from {kept[-1].name}" if kept else
+    where = (f"; {resume_words(run_dir)} continues from {kept[-1].name}" if kept else
              "; no checkpoint was written (checkpoint.every_steps)")
     print_error(f"interrupted{where}")
     sys.exit(stop.EXIT_CODE)
+
+
+def resume_words(run_dir: Path) -> str:
+    """What to add to the command line to continue this run. A Slurm job's run is its sweep's: run locally with
+    hydra.run.dir, it would start another world size than the one its checkpoints were written by."""
+    if slurm_task():
+        return f"resume=auto on the same -m command with hydra.sweep.dir={run_dir.parent}"
+    return f"resume=auto hydra.run.dir={run_dir}"
 
 
 def report(summary: dict, run_dir: Path) -> None:

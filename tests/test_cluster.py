@@ -173,6 +173,8 @@ def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_
     lines = [x for log in sweep.glob(".submitit/*/*_log.err") for x in log.read_text().splitlines()
              if x.startswith("ringexp: error: rank ")]
     assert len(lines) == 3 and all("rank 3 on " in x and "(198.18.0.11) stopped answering" in x for x in lines), lines
+    assert all(x.endswith(f"resume=auto on the same -m command with hydra.sweep.dir={sweep} continues from it)")
+               for x in lines), lines  # not hydra.run.dir: run locally, that would be another world size
     s = read_summary(sweep / "0")
     assert s["status"] == "failed" and "rank 3 on " in s["error"], s
     assert [p for n in ("ringexp-node0", "ringexp-node1") for p in namespace_processes(n) if p != "slurmd"] == []
