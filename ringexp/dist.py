@@ -89,6 +89,7 @@ def who_is_gone(cause: str, wait_s: float, give_up=lambda: False) -> str:
     master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     me = f"rank {rank} on {_addresses[rank] if _addresses else address()}"
     prefix = f"ringexp/answers/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    silent = None
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                               timeout=timedelta(seconds=wait_s), wait_for_workers=False)
@@ -99,9 +100,11 @@ def who_is_gone(cause: str, wait_s: float, give_up=lambda: False) -> str:
             if not silent or time.monotonic() > deadline or give_up():
                 break
             time.sleep(0.2)
-    except Exception:  # (the store's own error says only that it timed out)
-        return (f"{me}: the master {master} does not answer either: this node is cut off from rank 0's, or rank "
-                f"0's node is down ({cause})")
+    except Exception:  # (the store's own error says only that it timed out, or that it closed)
+        if silent is None:  # never reached it
+            return (f"{me}: the master {master} does not answer either: this node is cut off from rank 0's, or "
+                    f"rank 0's node is down ({cause})")
+        # rank 0, which holds the store, ended its own wait first and left: what this rank saw last stands
     if not silent:
         return f"{me}: {cause}"
     nodes = sorted({_addresses[r] for r in silent}) if _addresses else []
