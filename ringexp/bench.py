@@ -77,8 +77,7 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
     unknown = [a for a in cfg.algorithms if not known(a)]
     if unknown:
         raise ConfigError(f"bench: unknown algorithm {unknown[0]}; choose from {', '.join(VARIANTS)}")
-    odd = [c for c in cfg.compressors if c.partition(":")[0] not in compress.COMPRESSORS or c.startswith("powersgd")
-           or c.partition(":")[2] not in ("", "inter") or c.endswith(":inter") and c not in INTER]
+    odd = [c for c in cfg.compressors if c not in INTER and (c not in compress.COMPRESSORS or c == "powersgd")]
     if odd:
         raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
                           f"{', '.join(c for c in compress.COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook), "

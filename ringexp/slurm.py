@@ -21,14 +21,18 @@ from ringexp import records
 
 class KilledTasks(Callback):
     def on_multirun_start(self, config, **kwargs) -> None:
-        if "submitit" in str(config.hydra.launcher.get("_target_", "")):
+        if on_slurm(config):
             from submitit.slurm.slurm import SlurmJob  # only with the Slurm launcher (an optional extra)
             SlurmJob.results = first_answer
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        if "submitit" in str(config.hydra.launcher.get("_target_", "")):
+        if on_slurm(config):
             from submitit.slurm.slurm import SlurmJob
             del SlurmJob.results  # submitit's own again (SlurmJob inherits it from Job)
+
+
+def on_slurm(config) -> bool:
+    return str(config.hydra.launcher.get("_target_", "")).endswith("submitit_launcher.SlurmLauncher")
 
 
 def first_answer(job) -> list:

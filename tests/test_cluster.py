@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     reason="the local cluster needs root, ip, tc and nsenter")]
 
 SCRIPT = str(ROOT / "scripts" / "cluster_local.sh")
+SLURM_ENV = {"SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"}  # the cluster's Slurm, as `up --slurm` prints
 
 
 def cluster(*args, timeout=300):
@@ -91,7 +92,7 @@ def test_a_sweep_spans_the_nodes_through_slurm(two_nodes, tmp_path):
                         "+parallel=hierarchical", "hydra/launcher=slurm", "hydra.launcher.nodes=2",
                         "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"})
+                       env={**os.environ, **SLURM_ENV})
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(sweep / "0")
     assert (s["status"], s["world_size"], s["nodes"], s["ranks_per_node"]) == ("completed", 4, 2, 2), s
@@ -152,7 +153,7 @@ def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_
     args = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=60", "eval_every=1000", "logger=none",
             "checkpoint.every_steps=5", "parallel.timeout_s=10", "+parallel=ddp", "hydra/launcher=slurm",
             "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"}
+    env = {**os.environ, **SLURM_ENV}
     env.pop("HYDRA_FULL_ERROR", None)
     slurm_nodes_idle()
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -187,7 +188,7 @@ def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_
 
 def slurm_nodes_idle(timeout: float = 120) -> None:
     """Until Slurm sees both nodes idle again, bringing back a node it marked down (as an admin would)."""
-    env = {**os.environ, "SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"}
+    env = {**os.environ, **SLURM_ENV}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env).stdout

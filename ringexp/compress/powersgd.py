@@ -40,7 +40,10 @@ def in_order(hook):
                 out.set_exception(e)
 
         prev, last[0] = last[0], out
-        start() if prev is None else prev.add_done_callback(start)
+        if prev is None:
+            start()
+        else:
+            prev.add_done_callback(start)  # at once if prev is done already
         return out
     return ordered
 
