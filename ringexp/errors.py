@@ -26,8 +26,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the previous one is intact."""
 
 
-# what a worker's error says when the cause is another worker that died or hung
-PEER_LOST = ("peer", "connection closed", "broken pipe", "timed out")
+# what a worker's error says when the cause is another worker that died, hung or was cut off: gloo's and c10d's
+# words (gloo fails the other operations on a pair that timed out with "Application timeout caused pair
+# closure", seen in CI on the ranks of a node whose link was cut)
+PEER_LOST = ("peer", "connection closed", "connection reset", "broken pipe", "timed out", "timeout caused",
+             "socket timeout", "connect timeout", "unreachable", "no route to host")
 
 
 def peer_lost(message: str) -> bool:
