@@ -35,6 +35,7 @@ from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, plain
 from ringexp.errors import ConfigError, print_error
 from ringexp.launch import elastic, under_external_launcher
 from ringexp.sinks.wandb import WandbSink
+from ringexp.timing import median_time
 
 log = logging.getLogger("ringexp")
 # bench name -> (ringexp.comm algorithm, options)
@@ -206,28 +207,10 @@ def codec_rows(cfg: BenchConfig) -> list:
 
 
 def codec_row(name: str, x, cast_s: float, cfg: BenchConfig) -> dict:
-    """Decode is add_into (decode and add, as a ring hop does) where the codec has it, else decode."""
-    c = compressor(name, cfg.ratio)
-    m, ctx = compress.COMPRESSORS[name], compress.context(c, 10**9, 0)
-    payload = m.encode(x, c, ctx)
-    if hasattr(m, "add_into"):
-        decode = partial(m.add_into, payload, torch.zeros_like(x), c)
-    else:
-        decode = partial(m.decode, payload, x.numel(), c, ctx)
-    enc_s, dec_s = median_time(partial(m.encode, x, c, ctx), cfg.iters), median_time(decode, cfg.iters)
+    enc_s, dec_s, payload = compress.codec_seconds(compressor(name, cfg.ratio), x, cfg.iters)
     return {"codec": name, "size_bytes": x.numel() * 4, "encode_ms": enc_s * 1e3, "decode_ms": dec_s * 1e3,
             "cast_fp16_ms": cast_s * 1e3, "encode_vs_cast": cast_s / enc_s, "decode_vs_cast": cast_s / dec_s,
-            "wire_fraction": payload.numel() / (x.numel() * 4)}
-
-
-def median_time(fn, iters: int) -> float:
-    fn()  # warm: first-touch page faults and scratch buffers
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            "wire_fraction": payload / (x.numel() * 4)}
 
 
 def fmt_size(b: int) -> str:

@@ -18,13 +18,18 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import records
-from ringexp.errors import print_error, print_warning
+from ringexp import compress, costmodel, records
+from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig
+from ringexp.errors import ConfigError, print_error, print_warning
+from ringexp.models import build_model
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute ms", "exposed comm ms",
         "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
+PREDICTED = ["predicted comm ms", "predicted step ms", "step error"]  # runs on a calibrated cluster only
+BACKWARD_SHARE = 2 / 3  # of forward + backward: backward costs twice forward (Kaplan et al. 2020, 6N = 2N + 4N)
 
 
 def load_local(paths) -> list:
@@ -123,8 +128,46 @@ def table(runs, baseline: str | None = None):
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
             "verdict": t.get("verdict"),
-        })
+        } | predicted(run))
     return rows, failed, base
+
+
+def calibrated(summary: dict):
+    """The conf/cluster/ file describing where a run ran (same nodes, ranks per node and link), or None."""
+    for path in sorted(Path(CONF_DIR, "cluster").glob("*.yaml")):
+        try:
+            cl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path)))
+        except (OmegaConfBaseException, ConfigError, OSError):
+            continue
+        if (cl.nodes, cl.ranks_per_node, cl.link) == (summary.get("nodes"), summary.get("ranks_per_node"),
+                                                     summary.get("link")):
+            return cl
+    return None
+
+
+def predicted(run: dict) -> dict:
+    """The cost model's communication and step time for a run whose cluster has a calibration, from its
+    config and its own measured compute (forward + backward split 1:2, optimizer, data and the rest): what
+    the model adds is the communication and how much of it backward hides."""
+    s, t = run["summary"], run["summary"].get("time", {})
+    cl, cfg_file = calibrated(s), Path(run["dir"]) / "config.yaml"
+    if cl is None or not cfg_file.exists() or t.get("compute_s") is None:
+        return {}
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(cfg_file)))
+        shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters() if p.requires_grad]
+        micro = cfg.accumulation.steps
+        fb = t["compute_s"] / micro
+        # a CPU cluster is this kind of machine: PowerSGD's arithmetic is measured here for the run's shapes
+        psgd = (compress.powersgd.arithmetic_s(shapes, cfg.compression) * cl.compute_slowdown
+                if cfg.compression.name == "powersgd" and cl.backend == "gloo" else None)
+        got = costmodel.predict_step(cl, cfg, shapes, (1 - BACKWARD_SHARE) * fb, BACKWARD_SHARE * fb,
+                                     t.get("optimizer_s", 0.0), psgd)
+    except (OmegaConfBaseException, ConfigError, ValueError, OSError):
+        return {}
+    step = got["step_s"] + t.get("data_s", 0.0) + t.get("other_s", 0.0)
+    return {"predicted comm ms": 1e3 * got["comm_s"], "predicted step ms": 1e3 * step,
+            "step error": step / t["step_s"] - 1 if t.get("step_s") else None}
 
 
 def _ms(seconds):
@@ -136,6 +179,8 @@ def fmt(key: str, value) -> str:
         return "-"
     if key in ("comm share", "overlap"):
         return f"{value:.0%}"
+    if key == "step error":
+        return f"{value:+.0%}"
     if key == "speed-up":
         return f"{value:.2f}x"
     if key.endswith("AUROC") or key.endswith("F1"):
@@ -145,9 +190,14 @@ def fmt(key: str, value) -> str:
     return str(value)
 
 
+def columns(rows) -> list:
+    return HEAD + (PREDICTED if any("predicted step ms" in r for r in rows) else [])
+
+
 def markdown(rows, failed, base) -> str:
-    out = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    out += ["| " + " | ".join(fmt(k, r[k]) + (" (baseline)" if k == "run" and i == base else "") for k in HEAD)
+    head = columns(rows)
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(fmt(k, r.get(k)) + (" (baseline)" if k == "run" and i == base else "") for k in head)
             + " |" for i, r in enumerate(rows)]
     verdicts = [f"- `{r['run']}`: {r['verdict']}" for r in rows if r.get("verdict")]
     if verdicts:  # what each run's own record concluded about its step time (ringexp.timing.verdict)
@@ -159,9 +209,10 @@ def markdown(rows, failed, base) -> str:
 
 
 def text(rows, failed, base) -> str:
-    cells = [HEAD] + [[fmt(k, r[k]) + ("*" if k == "run" and i == base else "") for k in HEAD]
+    head = columns(rows)
+    cells = [head] + [[fmt(k, r.get(k)) + ("*" if k == "run" and i == base else "") for k in head]
                       for i, r in enumerate(rows)]
-    widths = [max(len(c[j]) for c in cells) for j in range(len(HEAD))]
+    widths = [max(len(c[j]) for c in cells) for j in range(len(head))]
     lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True)))
              for row in cells]
     lines.append("* baseline of the speed-up column")
@@ -172,9 +223,10 @@ def text(rows, failed, base) -> str:
 def write_csv(rows, failed, path: Path) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(HEAD + ["status", "error"])
-    w.writerows([[r[k] for k in HEAD] + ["completed", ""] for r in rows])
-    w.writerows([[label] + [""] * (len(HEAD) - 1) + ["failed", error] for label, error in failed])
+    head = columns(rows)
+    w.writerow(head + ["status", "error"])
+    w.writerows([[r.get(k) for k in head] + ["completed", ""] for r in rows])
+    w.writerows([[label] + [""] * (len(head) - 1) + ["failed", error] for label, error in failed])
     path.write_text(buf.getvalue())
 
 

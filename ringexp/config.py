@@ -11,7 +11,7 @@ dataclasses, with enums where a field has a fixed set of values.
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -316,6 +316,75 @@ class BenchConfig:
         need(self.segment_kb is None or self.segment_kb >= 1, "bench: segment_kb", self.segment_kb, "must be >= 1")
 
 
+@dataclass
+class LinkConfig:
+    """One level of a cluster's network: a message of n bytes takes alpha_s + n * beta_s_per_byte."""
+    alpha_s: float = 0.0  # latency per message, seconds
+    beta_s_per_byte: float = 1e-9  # seconds per byte: 1 / bandwidth (inter: of a node's whole link)
+    source: str = ""  # where the two numbers come from
+
+
+@dataclass
+class ClusterConfig:
+    """A cluster for `python -m ringexp.plan` (conf/cluster/): its shape, links, and compute-side costs."""
+    name: str = "local"
+    nodes: int = 1
+    ranks_per_node: int = 2  # the most ranks a node takes (GPUs per node)
+    link: str = "loopback"  # the link label runs on this cluster record; compare matches runs to it
+    backend: str = "nccl"  # nccl or gloo: gloo has no reduce-scatter (FSDP's is a full all-reduce there)
+    intra: LinkConfig = field(default_factory=LinkConfig)
+    inter: LinkConfig = field(default_factory=LinkConfig)
+    add_s_per_byte: float = 0.0  # summing a received float32 buffer into one's own
+    encode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte, by compressor
+    decode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte (decode and add)
+    compute_slowdown: float = 1.0  # a rank's compute with every rank computing at once / alone (shared CPU cores)
+    source: str = ""
+
+    def __post_init__(self):
+        need(self.backend in ("nccl", "gloo"), "cluster.backend", self.backend, "choose nccl or gloo")
+        need(self.nodes >= 1 and self.ranks_per_node >= 1, "cluster.nodes, ranks_per_node",
+             f"{self.nodes}, {self.ranks_per_node}", "must be >= 1")
+        for level in ("intra", "inter"):
+            link = getattr(self, level)
+            need(link.beta_s_per_byte > 0, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
+                 "must be > 0 seconds per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
+            need(link.alpha_s >= 0, f"cluster.{level}.alpha_s", link.alpha_s, "must be >= 0 seconds")
+        costs = [self.add_s_per_byte, *self.encode_s_per_byte.values(), *self.decode_s_per_byte.values()]
+        need(min(costs) >= 0, "cluster: add/encode/decode_s_per_byte", min(costs), "must be >= 0")
+        need(self.compute_slowdown > 0, "cluster.compute_slowdown", self.compute_slowdown, "must be > 0")
+
+
+@dataclass
+class PlanConfig:
+    """`python -m ringexp.plan calibrate|predict`: see ringexp/plan.py."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    nodes: Optional[int] = None  # predict: nodes to use (null: the cluster's)
+    ranks_per_node: Optional[int] = None  # predict: ranks per node (null: the cluster's; at most that)
+    forward_s: Optional[float] = None  # predict: one rank's forward, backward and optimizer step, seconds
+    backward_s: Optional[float] = None  # (null: measured here, on one rank, times cluster.compute_slowdown)
+    optimizer_s: Optional[float] = None
+    presets: List[str] = field(default_factory=list)  # predict: conf/parallel presets (empty: all but single)
+    quality_budget: float = 0.02  # predict: macro-AUROC a recommended compressor may lose (measured tables)
+    out: Optional[str] = None  # predict: where plan.md/json/png go; calibrate: the cluster file to write
+    nprocs: int = 2  # calibrate: local workers (under torchrun or Slurm: the job's own ranks)
+    sizes: List[int] = field(default_factory=lambda: [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26])
+    iters: int = 5  # calibrate: timed rounds per size (the median is kept)
+    label: Optional[str] = None  # calibrate: the cluster's link label (null: the job's, as runs record it)
+    bench: List[str] = field(default_factory=list)  # accuracy: bench.json files whose rows to predict
+
+    def __post_init__(self):
+        need(self.nodes is None or self.nodes >= 1, "nodes", self.nodes, "must be >= 1")
+        need(self.ranks_per_node is None or 1 <= self.ranks_per_node <= self.cluster.ranks_per_node,
+             "ranks_per_node", self.ranks_per_node,
+             f"cluster {self.cluster.name} has {self.cluster.ranks_per_node} per node")
+        for key in ("forward_s", "backward_s", "optimizer_s"):
+            need(getattr(self, key) is None or getattr(self, key) >= 0, key, getattr(self, key), "must be >= 0 s")
+        need(self.quality_budget >= 0, "quality_budget", self.quality_budget, "must be >= 0 (macro-AUROC)")
+        need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
+        need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",
+             "need >= 1 round and sizes >= 4 bytes")
+
+
 def plain(cfg) -> dict:
     """A config dataclass as plain values (enums as their strings): for records, W&B and config.yaml."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
@@ -325,6 +394,7 @@ def register() -> None:
     # Only the root schemas: group options stay the YAML files, so Hydra's list of choices is clean.
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
+    ConfigStore.instance().store(name="plan_schema", node=PlanConfig)
 
 
 register()

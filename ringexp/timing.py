@@ -15,6 +15,7 @@ Timestamps come from `Clock`: perf_counter on CPU, CUDA events on GPUs (recorded
 they mark when the device got there, not when the CPU queued the work). The only device-specific code here.
 """
 
+import statistics
 import threading
 import time
 
@@ -148,3 +149,17 @@ def verdict(t: dict, tips: str) -> str:
     if data_share > 0.1:
         lines.append(f"data loading is {data_share:.0%} of step time: raise data.num_workers")
     return "; ".join(lines)
+
+
+def median_time(fn, iters: int, sync=lambda: None) -> float:
+    """Median seconds of `iters` calls of fn() after one untimed call (first-touch page faults, scratch
+    buffers); `sync` waits for the device (torch.cuda.synchronize on GPUs)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

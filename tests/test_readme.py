@@ -9,6 +9,7 @@ from conftest import ROOT, make_image_folder
 from hydra import compose, initialize_config_dir
 
 from ringexp.config import CONF_DIR
+from ringexp.plan import load, preset_config
 from ringexp.train import check_argv, prepare
 
 
@@ -25,7 +26,7 @@ def first_job(args: list) -> list:
 
 
 def test_the_readme_shows_training_commands():
-    assert len(readme_commands()) >= 5
+    assert len(readme_commands()) >= 5 and len(plan_commands()) >= 2
 
 
 @pytest.mark.parametrize("command", readme_commands())
@@ -38,3 +39,17 @@ def test_every_readme_command_composes_and_validates(command, tmp_path):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=first_job(args))
     prepare(cfg, tmp_path)
+
+
+def plan_commands() -> list:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    joined = [b.replace("\\\n", " ") for b in blocks]
+    lines = [line.split("#")[0].strip() for block in joined for line in block.splitlines()]
+    return [line for line in lines if line.startswith("python -m ringexp.plan predict")]
+
+
+@pytest.mark.parametrize("command", plan_commands())
+def test_every_readme_plan_command_loads_its_cluster_and_training_config(command):
+    pc, train = load(shlex.split(command)[4:])
+    assert pc.cluster.name and preset_config("ddp", [a for a in train if "parallel=" not in a]).model.name

@@ -15,6 +15,7 @@ Error feedback (`feedback.py`) wraps all three: it adds the residual before enco
 local encoding lost. PowerSGD is PyTorch's own hook, registered by `parallel/ddp.py`.
 """
 
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from ringexp import comm
 from ringexp.compress import cast, feedback, int8, powersgd, randomk, sign, topk
+from ringexp.timing import median_time
 
 COMPRESSORS = {"none": None, "fp16": cast, "bf16": cast, "int8": int8, "topk": topk, "randomk": randomk,
                "sign": sign, "powersgd": powersgd}
@@ -190,6 +192,19 @@ def tolerance(c, ref, n: int):
         eps = torch.finfo(cast.DTYPES[c.name]).eps
         return 2 * (n + 1) * eps * (ref.abs().float() + big) + 1e-6
     return 1e-5 * (ref.abs().float() + 1)
+
+
+def codec_seconds(c, x, iters: int, sync=lambda: None) -> tuple:
+    """(encode s, decode s, payload bytes) of compressor config `c` on float32 `x`, medians of `iters` calls.
+    Decode is add_into (decode and add, as a ring hop does) where the codec has it, else decode."""
+    m, ctx = COMPRESSORS[c.name], context(c, 10**9, 0)
+    payload = m.encode(x, c, ctx)
+    if hasattr(m, "add_into"):
+        decode = partial(m.add_into, payload, torch.zeros_like(x), c)
+    else:
+        decode = partial(m.decode, payload, x.numel(), c, ctx)
+    return (median_time(partial(m.encode, x, c, ctx), iters, sync), median_time(decode, iters, sync),
+            payload.numel())
 
 
 def payload_bytes(c, numel: int, layout=None) -> int:

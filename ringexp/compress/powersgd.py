@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
+from ringexp.timing import median_time
+
 WIRE = False
 
 
@@ -55,18 +57,51 @@ def relay(fut, out) -> None:
         out.set_exception(e)
 
 
+def compressed(shape, c) -> bool:
+    """torch's rule: a matrix (n x m, m = the rest of the dims) goes as P (n x r) and Q (m x r) when that is at
+    least 2x smaller; vectors and the rest go as they are."""
+    if len(shape) <= 1:
+        return False
+    n, m = shape[0], shape.numel() // shape[0]
+    r = min(c.rank, n, m)
+    return (n + m) * r * 2 < n * m
+
+
+def arithmetic_s(shapes, c, iters: int = 3) -> float:
+    """Seconds of the hook's own arithmetic in one step over parameters of `shapes`, on this machine (for
+    ringexp.plan's cost model). Mirrors powerSGD_hook: the error-feedback add, then per compressed matrix
+    orthogonalise Q, P = MQ, orthogonalise P, Q = M^T P, M = P Q^T (torch's own _orthogonalize), and the new
+    error. Per-matrix overheads dominate on CPU: one big matrix's cost per byte is several times too low."""
+    mats = []
+    for shape in shapes:
+        if compressed(shape, c):
+            n, m = shape[0], shape.numel() // shape[0]
+            r = min(c.rank, n, m)
+            mats.append((torch.randn(1, n, m), torch.randn(1, m, r), torch.empty(1, n, r)))
+    flat = torch.randn(sum(s.numel() for s in shapes))
+    error = torch.zeros_like(flat)
+
+    def step():
+        flat.add_(error)
+        for mat, q, p in mats:
+            powerSGD_hook._orthogonalize(q)
+            torch.bmm(mat, q, out=p)
+            powerSGD_hook._orthogonalize(p)
+            torch.bmm(mat.transpose(1, 2), p, out=q)
+            torch.bmm(p, q.transpose(1, 2), out=mat)
+        torch.sub(flat, error, out=error)
+
+    return median_time(step, iters)
+
+
 def wire_numel(shapes, c) -> int:
     """Elements all-reduced per step once compression has started, by torch's rule: a matrix (n x m, m = the
     rest of the dims) is sent as P (n x r) and Q (m x r) when that is at least 2x smaller, else as it is;
     vectors (biases, norms) are sent uncompressed."""
     total = 0
     for shape in shapes:
-        if len(shape) <= 1:
-            total += shape.numel()
-            continue
-        n, m = shape[0], shape.numel() // shape[0]
-        r = min(c.rank, n, m)
-        total += (n + m) * r if (n + m) * r * 2 < n * m else n * m
+        n, m = (shape[0], shape.numel() // shape[0]) if len(shape) > 1 else (1, shape.numel())
+        total += (n + m) * min(c.rank, n, m) if compressed(shape, c) else shape.numel()
     return total
 
 

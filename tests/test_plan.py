@@ -1,0 +1,186 @@
+"""`python -m ringexp.plan`: the cost model's formulas against hand-computed cases, DDP's real buckets, calibrate
+on a real gloo job, predict's table and files, compare's predicted columns, and bad input."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, error_line, workers
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ringexp import costmodel
+from ringexp import dist as rdist
+from ringexp.config import CONF_DIR, ClusterConfig, LinkConfig, TrainConfig
+from ringexp.models import build_model
+from ringexp.plan import CODECS, main
+
+# 2 nodes x 2 ranks; numbers chosen so that every term is easy to add up by hand
+CL = ClusterConfig(name="hand", nodes=2, ranks_per_node=2, intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-8),
+                   add_s_per_byte=1e-10)
+N = 4e6  # bytes
+
+
+@pytest.mark.parametrize("algorithm, expected", [
+    # 6 steps of a 1e6-byte chunk paced by the inter link (1e-4 + 1e-2); the adds (3/4 of N at 1e-10) overlap
+    ("builtin", 6 * (1e-4 + 1e-2)),
+    ("ring", 6 * (1e-4 + 1e-2)),
+    # ring of 2 in the node on 2e6-byte chunks; ring of 2 nodes, n/N = 2e6 bytes through each node link per step
+    ("two_level", 2 * (1e-5 + 2e-3) + 2 * (1e-4 + 2e-2)),
+    # gather one whole buffer and add it, ring of the 2 leaders on N, send one back
+    ("leader", (1e-5 + 4e-3 + N * 1e-10) + 2 * (1e-4 + 2e-2) + (1e-5 + 4e-3)),
+    # rank 0 receives 1 buffer inside its node and 2 over its link, sends as many back, adds 3
+    ("naive", 2 * ((1e-5 + 4e-3) + 2 * (1e-4 + 4e-2)) + 3 * N * 1e-10),
+])
+def test_all_reduce_formulas_match_hand_computed_cases(algorithm, expected):
+    assert costmodel.all_reduce_s(CL, N, algorithm) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_wire_format_shrinks_the_bytes_and_its_codec_sets_the_time_when_slower():
+    # chunks of 5e5 wire bytes: 6 steps of 1e-4 + 5e-3; the codec (3 hops encode and decode-add 1e6 bytes each,
+    # the last chunk encoded once, 3 decodes) is faster, so the wire sets the time
+    fast = costmodel.Wire(ratio=0.5, encode=2e-10, decode=3e-10)
+    assert costmodel.all_reduce_s(CL, N, "ring", fast) == pytest.approx(6 * (1e-4 + 5e-3), rel=1e-12)
+    slow = costmodel.Wire(ratio=0.5, encode=2e-10, decode=1e-8)  # now the arithmetic is the slower of the two
+    assert costmodel.all_reduce_s(CL, N, "ring", slow) == pytest.approx(3e6 * 2e-10 + 6e6 * 1e-8 + 1e6 * 2e-10)
+    # on CPUs (gloo) the arithmetic and the network stack share the cores: the two add up
+    cpu = dataclasses.replace(CL, backend="gloo")
+    assert costmodel.all_reduce_s(cpu, N, "ring", fast) == pytest.approx(
+        6 * (1e-4 + 5e-3) + 3e6 * 2e-10 + 3e6 * 3e-10 + 1e6 * 2e-10 + 3e6 * 3e-10)
+    assert costmodel.all_reduce_s(cpu, N, "builtin") == pytest.approx(6 * (1e-4 + 1e-2) + 0.75 * N * 1e-10)
+    inter_only = costmodel.all_reduce_s(CL, N, "two_level", fast, inter_only=True)
+    assert 2 * (1e-4 + 1e-2) < inter_only < costmodel.all_reduce_s(CL, N, "two_level")
+
+
+def test_overlap_hides_what_backward_outlasts():
+    # buckets ready at 1 s and 2 s of a 2 s backward, 1 s each: the second ends at 3 s, 1 s exposed
+    got = costmodel.ddp_step([1, 1], [1.0, 1.0], forward_s=0.5, backward_s=2.0, optimizer_s=0.25)
+    assert got == {"comm_s": 2.0, "exposed_s": 1.0, "step_s": 0.5 + 2.0 + 1.0 + 0.25}
+    hidden = costmodel.ddp_step([3, 1], [0.1, 0.1], forward_s=0, backward_s=2.0, optimizer_s=0)
+    assert hidden["exposed_s"] == pytest.approx(0.1)  # only the last bucket's all-reduce sticks out
+    # accumulation: 4 micro-steps of compute, communication once
+    assert costmodel.ddp_step([1], [1.0], 1.0, 2.0, 0.0, micro_steps=4)["step_s"] == pytest.approx(4 * 3.0 + 1.0)
+
+
+def _ddp_bucket_bytes(cap_mb):
+    """The bytes of every bucket DDP's hook is handed in the second step (after the reducer rebuilt them)."""
+    rdist.init("cpu")
+    torch.manual_seed(0)
+    cfg = TrainConfig()
+    cfg.model.name, cfg.parallel.bucket_cap_mb = "resnet18", cap_mb
+    model = DDP(build_model(cfg.model, 8), bucket_cap_mb=cap_mb)
+    seen = []
+
+    def hook(_, bucket):
+        seen.append(bucket.buffer().numel() * 4)
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    model.register_comm_hook(None, hook)
+    for _ in range(2):
+        seen.clear()
+        model(torch.randn(2, 3, 32, 32)).sum().backward()
+    shapes = [p.shape for p in model.module.parameters()]
+    predicted = [4 * sum(s.numel() for s in b) for b in costmodel.ddp_buckets(cfg, shapes)]
+    rdist.cleanup()
+    return seen, predicted
+
+
+@pytest.mark.parametrize("cap_mb", [25.0, 2.0])
+def test_the_model_s_buckets_are_the_ones_ddp_reduces(cap_mb):
+    seen, predicted = workers(_ddp_bucket_bytes, 2, cap_mb)[0]
+    assert len(seen) > 1 and seen == predicted
+
+
+def plan(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "ringexp.plan", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_compare_use(tmp_path):
+    """calibrate (2 local gloo workers) fits alpha and beta to its own measurements; predict with that file gives
+    the cost model's numbers for it; a run on that cluster gets predicted columns in compare."""
+    out = tmp_path / "mine.yaml"
+    r = plan("calibrate", "nprocs=2", "iters=3", "sizes=[4096,262144,4194304]", f"out={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(out)))
+    assert (cl.nodes, cl.ranks_per_node, cl.link) == (1, 2, "loopback")
+    assert cl.intra.beta_s_per_byte > 0 and cl.intra.alpha_s >= 0 and cl.add_s_per_byte > 0
+    assert set(cl.encode_s_per_byte) == set(CODECS) and all(v > 0 for v in cl.encode_s_per_byte.values())
+    assert "worst fit error" in cl.intra.source and "not measured" in cl.inter.source  # one node: no inter level
+
+    pred = tmp_path / "pred"
+    r = plan("predict", f"cluster={out}", "+parallel=ring_fp16", "model.width=8", "forward_s=0.01", "backward_s=0.02",
+             "optimizer_s=0.005", f"out={pred}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((pred / "plan.json").read_text())
+    (row,) = got["rows"]
+    assert row["preset"] == "ring_fp16" and row["step_s"] >= 0.035 and (pred / "plan.png").stat().st_size > 10000
+    assert "Recommended" in (pred / "plan.md").read_text() and "+parallel=ring_fp16" in got["recommended"]
+
+
+def test_compare_puts_predictions_beside_runs_on_a_calibrated_cluster(tmp_path):
+    """A run whose nodes, ranks per node and link match a conf/cluster/ file gets the model's communication and
+    step time next to its measured ones (its own compute, the model's communication)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = TrainConfig()
+    cfg.model.name, cfg.data.batch_size = "small_cnn", 16
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    summary = {"status": "completed", "world_size": 4, "nodes": 3, "ranks_per_node": 7, "link": "test-plan-link",
+               "overrides": [], "throughput": {"median": 100.0, "p10": 95.0, "p90": 105.0}, "final": {}, "best": {},
+               "time": {"step_s": 0.5, "compute_s": 0.3, "optimizer_s": 0.05, "data_s": 0.01, "other_s": 0.0,
+                        "comm_s": 0.2}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    cluster = Path(CONF_DIR, "cluster", "test_plan_tmp.yaml")
+    cluster.write_text(OmegaConf.to_yaml(OmegaConf.structured(ClusterConfig(
+        name="test_plan_tmp", nodes=3, ranks_per_node=7, link="test-plan-link", intra=LinkConfig(1e-5, 1e-9),
+        inter=LinkConfig(1e-4, 1e-8), add_s_per_byte=1e-10))))
+    try:
+        r = subprocess.run([sys.executable, "-m", "ringexp.compare", str(run), "--out", str(tmp_path / "cmp")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        cluster.unlink()
+    assert r.returncode == 0, r.stderr
+    head, row = r.stdout.splitlines()[:2]
+    assert "predicted step ms" in head and "step error" in head
+    shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters()]
+    cl = ClusterConfig(name="t", nodes=3, ranks_per_node=7, intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-8),
+                       add_s_per_byte=1e-10)
+    step = costmodel.predict_step(cl, cfg, shapes, 0.1, 0.2, 0.05)["step_s"] + 0.01
+    assert f"{1e3 * step:.0f}" in row or f"{1e3 * step:.1f}" in row, (step, row)
+
+
+BAD = [
+    (["predict", "cluster=nosuch"], "cluster=nosuch: no such cluster file"),
+    (["predict", "cluster.inter.beta_s_per_byte=-1e-9"], "cluster.inter.beta_s_per_byte=-1e-09: must be > 0"),
+    (["predict", "cluster.intra.beta_s_per_byte=0"], "cluster.intra.beta_s_per_byte=0.0: must be > 0"),
+    (["predict", "ranks_per_node=99"], "ranks_per_node=99: cluster local_2x2_1gbit has 2 per node"),
+    (["predict", "model.name=resnet_nosuch"], "model.name=resnet_nosuch is neither small_cnn nor a timm model"),
+    (["predict", "+parallel=single"], "+parallel=single runs one rank"),
+    (["predict", "presets=[ddp,nosuch]"], "presets: no preset nosuch"),
+    (["calibrate", "nprocs=1"], "nprocs=1: calibrate needs at least 2 ranks"),
+    (["accuracy", "bench=[/nonexistent/bench.json]"], "bench=/nonexistent/bench.json: cannot read it"),
+    (["guess"], "first argument must be calibrate, predict or accuracy"),
+]
+
+
+@pytest.mark.parametrize("args, words", BAD)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys, args, words):
+    """Each case as the CLI runs it (ringexp.plan.main, in this process: a second each instead of ten)."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", *args, f"out={out}"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_the_command_line_says_one_line_and_exits_2(tmp_path):
+    r = plan("predict", "cluster=nosuch", f"out={tmp_path / 'out'}", timeout=120)
+    assert r.returncode == 2 and "cluster=nosuch: no such cluster file; choose from" in error_line(r.stderr)
