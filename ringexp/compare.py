@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import compress, costmodel, records
-from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig
+from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml
 from ringexp.errors import ConfigError, print_error, print_warning
 from ringexp.models import build_model
 
@@ -111,7 +111,7 @@ def table(runs, baseline: str | None = None):
     if base is None:
         base = next((i for i, (_, r) in enumerate(done) if r["summary"].get("job_type") == "ddp"), 0)
     base_tp = done[base][1]["summary"]["throughput"]["median"]
-    rows = []
+    rows, clusters = [], calibrations()
     for label, run in done:
         s = run["summary"]
         tp, t, m = s["throughput"], s.get("time", {}), s.get("memory", {})
@@ -128,33 +128,34 @@ def table(runs, baseline: str | None = None):
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
             "verdict": t.get("verdict"),
-        } | predicted(run))
+        } | predicted(run, clusters))
     return rows, failed, base
 
 
-def calibrated(summary: dict):
-    """The conf/cluster/ file describing where a run ran (same nodes, ranks per node and link), or None."""
+def calibrations() -> dict:
+    """{(nodes, ranks per node, link): ClusterConfig} of the readable conf/cluster/ files: where runs may have
+    run (a run records the same three in its summary)."""
+    out = {}
     for path in sorted(Path(CONF_DIR, "cluster").glob("*.yaml")):
         try:
-            cl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(path)))
+            cl = load_yaml(ClusterConfig, path)
         except (OmegaConfBaseException, ConfigError, OSError):
             continue
-        if (cl.nodes, cl.ranks_per_node, cl.link) == (summary.get("nodes"), summary.get("ranks_per_node"),
-                                                     summary.get("link")):
-            return cl
-    return None
+        out.setdefault((cl.nodes, cl.ranks_per_node, cl.link), cl)
+    return out
 
 
-def predicted(run: dict) -> dict:
+def predicted(run: dict, clusters: dict) -> dict:
     """The cost model's communication and step time for a run whose cluster has a calibration, from its
     config and its own measured compute (forward + backward split 1:2, optimizer, data and the rest): what
     the model adds is the communication and how much of it backward hides."""
     s, t = run["summary"], run["summary"].get("time", {})
-    cl, cfg_file = calibrated(s), Path(run["dir"]) / "config.yaml"
+    cl = clusters.get((s.get("nodes"), s.get("ranks_per_node"), s.get("link")))
+    cfg_file = Path(run["dir"]) / "config.yaml"
     if cl is None or not cfg_file.exists() or t.get("compute_s") is None:
         return {}
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(cfg_file)))
+        cfg = load_yaml(TrainConfig, cfg_file)
         shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters() if p.requires_grad]
         micro = cfg.accumulation.steps
         fb = t["compute_s"] / micro

@@ -385,6 +385,12 @@ class PlanConfig:
              "need >= 1 round and sizes >= 4 bytes")
 
 
+def load_yaml(schema, path):
+    """A YAML file (a run's config.yaml, a conf/cluster/ file) as the checked dataclass `schema`: a wrong key
+    or type raises OmegaConf's error, a value out of range ConfigError."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path)))
+
+
 def plain(cfg) -> dict:
     """A config dataclass as plain values (enums as their strings): for records, W&B and config.yaml."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)

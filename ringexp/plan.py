@@ -84,10 +84,9 @@ def load(args: list) -> tuple:
 
 # --- calibrate -------------------------------------------------------------------------------------------------
 
-def exchange_times(cfg: PlanConfig, env, to, frm, sync) -> list:
-    """[(bytes, seconds)]: every rank with peers sends `bytes` to `to` while receiving as much from `frm`, all at
-    once (a rank whose peers are None only joins the timing); a time is the slowest rank's, the median of
-    `iters` rounds after one warm-up."""
+def exchange_times(cfg: PlanConfig, env, to: int, frm: int, sync) -> list:
+    """[(bytes, seconds)]: every rank sends `bytes` to `to` while receiving as much from `frm`, all at once; a
+    time is the slowest rank's, the median of `iters` rounds after one warm-up."""
     out = []
     for size in cfg.sizes:
         send, recv = (torch.zeros(size, dtype=torch.uint8, device=env.device) for _ in range(2))
@@ -95,14 +94,12 @@ def exchange_times(cfg: PlanConfig, env, to, frm, sync) -> list:
         for it in range(cfg.iters + 1):
             dist.barrier()
             t0 = time.perf_counter()
-            if to is not None:
-                ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
-                for w in dist.batch_isend_irecv(ops):
-                    w.wait()
+            ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
             sync()
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=env.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times += [float(t)] if it else []
+            t = slowest(env, time.perf_counter() - t0)
+            times += [t] if it else []
         out.append((size, statistics.median(times)))
     return out
 

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringexp import costmodel
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, ClusterConfig, LinkConfig, TrainConfig
+from ringexp.config import CONF_DIR, ClusterConfig, LinkConfig, TrainConfig, load_yaml
 from ringexp.models import build_model
 from ringexp.plan import CODECS, main
 
@@ -108,7 +108,7 @@ def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_com
     out = tmp_path / "mine.yaml"
     r = plan("calibrate", "nprocs=2", "iters=3", "sizes=[4096,262144,4194304]", f"out={out}")
     assert r.returncode == 0, r.stderr[-3000:]
-    cl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), OmegaConf.load(out)))
+    cl = load_yaml(ClusterConfig, out)
     assert (cl.nodes, cl.ranks_per_node, cl.link) == (1, 2, "loopback")
     assert cl.intra.beta_s_per_byte > 0 and cl.intra.alpha_s >= 0 and cl.add_s_per_byte > 0
     assert set(cl.encode_s_per_byte) == set(CODECS) and all(v > 0 for v in cl.encode_s_per_byte.values())
