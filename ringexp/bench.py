@@ -33,7 +33,7 @@ from ringexp import comm, compress, records
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, plain
 from ringexp.errors import ConfigError, print_error
-from ringexp.launch import elastic, under_external_launcher
+from ringexp.launch import adopt_srun_task, elastic, under_external_launcher
 from ringexp.sinks.wandb import WandbSink
 from ringexp.timing import median_time
 
@@ -293,6 +293,7 @@ def other_rank() -> None:
 
 
 if __name__ == "__main__":
+    adopt_srun_task()
     if under_external_launcher() and os.environ.get("RANK", "0") != "0":
         other_rank()
     else:

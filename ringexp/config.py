@@ -338,6 +338,7 @@ class ClusterConfig:
     encode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte, by compressor
     decode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte (decode and add)
     compute_slowdown: float = 1.0  # a rank's compute with every rank computing at once / alone (shared CPU cores)
+    cpu_threads: int = 0  # a CPU rank's intra-op threads when calibrated (0: cores here / ranks per node)
     source: str = ""
 
     def __post_init__(self):
@@ -352,6 +353,7 @@ class ClusterConfig:
         costs = [self.add_s_per_byte, *self.encode_s_per_byte.values(), *self.decode_s_per_byte.values()]
         need(min(costs) >= 0, "cluster: add/encode/decode_s_per_byte", min(costs), "must be >= 0")
         need(self.compute_slowdown > 0, "cluster.compute_slowdown", self.compute_slowdown, "must be > 0")
+        need(self.cpu_threads >= 0, "cluster.cpu_threads", self.cpu_threads, "must be >= 0 (0: cores / ranks)")
 
 
 @dataclass

@@ -26,6 +26,25 @@ class Env:
         return self.rank == 0
 
 
+def threads(local_world: int, given: int = 0) -> int:
+    """Intra-op threads of one CPU worker: `given` (launcher.threads_per_worker), else OMP_NUM_THREADS as the user
+    or launcher set it (torchrun sets 1 for several workers per node; scripts/cluster_local.sh sets the machine's
+    cores over all its nodes' ranks, since every node of that cluster is this one machine), else the cores this
+    process may run on (a Slurm or taskset CPU set, not the whole machine) over the workers of the node:
+    oversubscribed intra-op threads make every rank slower."""
+    if given:
+        return given
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, cores() // local_world)
+
+
+def cores() -> int:
+    """CPUs this process may run on: its affinity set where the OS has one (Linux), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def init(device: str, threads_per_worker: int = 0, timeout_s: float = 300.0) -> Env:
     """Join the process group described by the torchrun-style environment (RANK, WORLD_SIZE, MASTER_*)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -35,9 +54,7 @@ def init(device: str, threads_per_worker: int = 0, timeout_s: float = 300.0) -> 
         torch.cuda.set_device(local_rank)
         dev, backend = torch.device("cuda", local_rank), "nccl"
     else:
-        # Workers on one node share its cores; oversubscribed intra-op threads make every rank slower.
-        n = threads_per_worker or max(1, (os.cpu_count() or 1) // local_world)
-        torch.set_num_threads(n)
+        torch.set_num_threads(threads(local_world, threads_per_worker))
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),

@@ -35,6 +35,19 @@ def slurm_task() -> bool:
     return os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
 
 
+def adopt_srun_task() -> None:
+    """In one of several tasks a plain `srun` started (no torchrun inside), export torch's rank variables (RANK,
+    WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_*) from Slurm's through submitit's helper, as submitit's own tasks get
+    them: the process then runs as one rank of the job, as under torchrun (a port every task derives from the
+    job id). For the tools (plan calibrate, bench); training on Slurm goes through hydra/launcher=slurm."""
+    if under_external_launcher() or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    os.environ["SUBMITIT_EXECUTOR"] = "slurm"  # submitit reads Slurm's variables only inside its own jobs
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+
+
 def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_method: str = "spawn") -> dict:
     """Run fn(*args) in `nproc` local workers through torch's elastic launch (the engine behind torchrun);
     returns {rank: return value}. fn must be importable (workers are spawned).

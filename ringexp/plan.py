@@ -39,7 +39,7 @@ from ringexp import compress, costmodel
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, CompressionConfig, PlanConfig, plain
 from ringexp.errors import ConfigError, one_line, print_error
-from ringexp.launch import elastic, under_external_launcher
+from ringexp.launch import adopt_srun_task, elastic, under_external_launcher
 from ringexp.models import build_model
 from ringexp.optim import build_optimizer
 from ringexp.timing import median_time
@@ -170,7 +170,7 @@ def calibrate_worker(cfg: PlanConfig) -> dict:
     where = rdist.topology(env)
     k, nodes = where["ranks_per_node"], where["nodes"]
     node, local = divmod(env.rank, k)
-    out = dict(where) | {"backend": env.backend}
+    out = dict(where) | {"backend": env.backend, "cpu_threads": torch.get_num_threads() if env.backend == "gloo" else 0}
     if k > 1:
         out["intra"] = fit(exchange_times(cfg, env, node * k + (local + 1) % k, node * k + (local - 1) % k, sync))
     if nodes > 1:  # a step of the ring over every rank: one stream each way per node link, beside the intra hops
@@ -204,7 +204,8 @@ def cluster_file(m: dict, cfg: PlanConfig) -> tuple:
     body = {"name": name, "nodes": m["nodes"], "ranks_per_node": m["ranks_per_node"], "link": link,
             "backend": m["backend"], **levels,
             "add_s_per_byte": m["add_s_per_byte"], "encode_s_per_byte": m["encode_s_per_byte"],
-            "decode_s_per_byte": m["decode_s_per_byte"], "compute_slowdown": m["compute_slowdown"], "source": how}
+            "decode_s_per_byte": m["decode_s_per_byte"], "compute_slowdown": m["compute_slowdown"],
+            "cpu_threads": m["cpu_threads"], "source": how}
     return name, f"# {how}\n" + OmegaConf.to_yaml(OmegaConf.create(body))
 
 
@@ -289,7 +290,7 @@ def compute_times(pc: PlanConfig, cfg, model, cl) -> tuple:
     given = {k: getattr(pc, k) for k in ("forward_s", "backward_s", "optimizer_s")}
     if all(v is not None for v in given.values()):
         return given, "given on the command line"
-    threads = max(1, (os.cpu_count() or 1) // cl.ranks_per_node)
+    threads = cl.cpu_threads or rdist.threads(cl.ranks_per_node)  # as the slowdown was measured
     got = {k: v * cl.compute_slowdown for k, v in measure_compute(cfg, model, threads).items()}
     where = "a GPU" if torch.cuda.is_available() else f"{threads} CPU thread(s)"
     return got | {k: v for k, v in given.items() if v is not None}, \
@@ -444,7 +445,41 @@ def accuracy(pc: PlanConfig) -> None:
         Path(pc.out).mkdir(parents=True, exist_ok=True)
         Path(pc.out, "accuracy.md").write_text(text)
         Path(pc.out, "accuracy.json").write_text(json.dumps(out, indent=1) + "\n")
+        accuracy_plot(pc.cluster.name, out, Path(pc.out, "accuracy.png"))
     print(text, end="")
+
+
+def accuracy_plot(name: str, out: list, path: Path) -> None:
+    """Measured against predicted, one point per bench case (colour: compressor, marker: algorithm), with the
+    line where they are equal and the 25% band around it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    markers = dict(zip(["builtin", "ring", "hierarchical", "leader", "naive"], "osD^v", strict=True))
+    colours = {"none": "tab:blue", "fp16": "tab:orange", "int8": "tab:green"}
+    for o in out:
+        algo, _, comp = o["algorithm"].partition("+")
+        comp = comp.split(":")[0] or "none"
+        ax.scatter(o["measured_s"] * 1e3, o["predicted_s"] * 1e3, marker=markers.get(algo.split(":")[0], "x"),
+                   color=colours.get(comp, "tab:grey"), s=30, alpha=0.8)
+    lo = min(min(o["measured_s"], o["predicted_s"]) for o in out) * 1e3 / 1.5
+    hi = max(max(o["measured_s"], o["predicted_s"]) for o in out) * 1e3 * 1.5
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.15,
+                    label="within 25%")
+    for label, m in markers.items():
+        ax.scatter([], [], marker=m, color="black", label=label)
+    for label, c in colours.items():
+        ax.scatter([], [], marker="s", color=c, label=label)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured median (ms)",
+           ylabel="predicted (ms)", title=f"{name}: all-reduce, model against ringexp.bench")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -454,6 +489,8 @@ def main() -> None:
         print_error(f"first argument must be calibrate, predict or accuracy; {usage}")
         sys.exit(2)
     command, args = args[0], args[1:]
+    if command == "calibrate":
+        adopt_srun_task()
     if command == "calibrate" and under_external_launcher() and os.environ.get("RANK", "0") != "0":
         return other_rank(args)
     try:

@@ -96,6 +96,9 @@ slurm_up() {  # slurmctld in the root namespace on the bridge address, one slurm
   # link it is on, as a site's TaskProlog would set them on a real cluster.
   printf '#!/bin/sh\necho export GLOO_SOCKET_IFNAME=eth0\necho export RINGEXP_CLUSTER_LINK=%s\n' "$rate" >"$s/task_prolog.sh"
   echo 'echo export RINGEXP_CLUSTER_NODE=${SLURMD_NODENAME#ringexp-node}' >>"$s/task_prolog.sh"
+  # every node is this one machine: a thread each for the step's tasks on all nodes (as torchrun_all below)
+  echo 'n=$(( $(getconf _NPROCESSORS_ONLN) / ${SLURM_STEP_NUM_TASKS:-1} ))' >>"$s/task_prolog.sh"
+  echo '[ -n "$OMP_NUM_THREADS" ] || echo export OMP_NUM_THREADS=$(( n > 1 ? n : 1 ))' >>"$s/task_prolog.sh"
   chmod +x "$s/task_prolog.sh"
   { slurm_conf "$s" "$(hostname -s)(198.18.0.1)"
     echo "TaskProlog=$s/task_prolog.sh"
@@ -180,6 +183,9 @@ torchrun_all() {  # torchrun [--nproc-per-node K] -- ARGS...
   [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
   read -r nodes _ _ <"$dir/nodes"
   port=$((29500 + RANDOM % 1000))
+  # every node of this cluster runs on this one machine's cores: a thread each for all nodes' ranks, not the
+  # cores / ranks per node a real node would give (4 x 1 ranks with 2 threads each on 2 cores collapsed)
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / (nodes * nproc) > 1 ? $(nproc) / (nodes * nproc) : 1 ))}"
   for i in $(seq 0 $((nodes - 1))); do
     "$0" run "$i" -- torchrun --nnodes="$nodes" --node-rank="$i" --nproc-per-node="$nproc" \
       --master-addr="$(addr 0)" --master-port="$port" "$@" &

@@ -3,6 +3,7 @@ on a real gloo job, predict's table and files, compare's predicted columns, and 
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringexp import costmodel
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, ClusterConfig, LinkConfig, TrainConfig, load_yaml
+from ringexp.config import CONF_DIR, ClusterConfig, CompressionConfig, LinkConfig, TrainConfig, load_yaml
 from ringexp.models import build_model
 from ringexp.plan import CODECS, main
 
@@ -155,6 +156,43 @@ def test_compare_puts_predictions_beside_runs_on_a_calibrated_cluster(tmp_path):
     step = costmodel.predict_step(cl, cfg, shapes, 0.1, 0.2, 0.05)["step_s"] + 0.01
     assert f"{1e3 * step:.0f}" in row or f"{1e3 * step:.1f}" in row, (step, row)
 
+
+
+def test_accuracy_sets_each_bench_row_beside_the_model_for_its_algorithm_and_compressor(tmp_path, monkeypatch, capsys):
+    """bench names (hierarchical, int8 kept to the inter-node stage) map to the model's algorithm and scope; each
+    row's error is predicted / measured - 1; the summary counts the cases; the plot holds every case."""
+    rows = [{"algorithm": a, "size_bytes": 4 << 20, "count": 1 << 20, "nodes": 2, "ranks_per_node": 2, "link": "x",
+             "time_us": 1e6 * t} for a, t in [("hierarchical", 0.05), ("hierarchical+int8:inter", 0.02), ("builtin", 0.04)]]
+    (tmp_path / "bench.json").write_text(json.dumps(rows))
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "accuracy", f"bench=[{tmp_path / 'bench.json'}]",
+                                      f"out={tmp_path / 'acc'}", "cluster=local_2x2_1gbit"])
+    main()
+    got = json.loads((tmp_path / "acc" / "accuracy.json").read_text())
+    cl = load_yaml(ClusterConfig, Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml"))
+    n = 4 << 20
+    two_level = costmodel.all_reduce_s(cl, n, "two_level")
+    assert got[0]["predicted_s"] == pytest.approx(two_level) and got[0]["error"] == pytest.approx(two_level / 0.05 - 1)
+    int8 = {scope: costmodel.compressed_s(cl, CompressionConfig(name="int8", error_feedback=False, scope=scope),
+                                          "two_level", 1 << 20) for scope in ("all", "inter_node")}
+    assert got[1]["predicted_s"] == pytest.approx(int8["inter_node"]) != pytest.approx(int8["all"])
+    assert got[2]["predicted_s"] == pytest.approx(costmodel.all_reduce_s(cl, n, "builtin"))
+    errors = sorted(abs(o["error"]) for o in got)
+    assert f"3 cases: median |error| {errors[1]:.1%}" in capsys.readouterr().out
+    assert (tmp_path / "acc" / "accuracy.png").stat().st_size > 10000
+
+
+def test_a_cpu_rank_s_threads_follow_the_launcher_then_omp_num_threads_then_its_cpu_set(monkeypatch):
+    """launcher.threads_per_worker wins; then OMP_NUM_THREADS (torchrun's, or scripts/cluster_local.sh's one per
+    rank on the shared machine); then the CPUs the process may use (a Slurm or taskset CPU set) over the node's
+    workers."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (rdist.threads(2, given=5), rdist.threads(2)) == (5, 3)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert rdist.threads(1) == rdist.cores() and rdist.threads(rdist.cores() * 4) == 1
+    code = "from ringexp import dist; print(dist.cores(), dist.threads(1))"
+    r = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
+    assert r.stdout.split() == ["1", "1"], r.stderr
 
 BAD = [
     (["predict", "cluster=nosuch"], "cluster=nosuch: no such cluster file"),
