@@ -33,12 +33,14 @@ one-block prefetch, which this model leaves out.
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ringexp import compress
+from ringexp.comm import ring
 
 ALGORITHMS = ("builtin", "ring", "two_level", "leader", "naive")
 
@@ -65,9 +67,21 @@ def slowest_hop(cl, nbytes: float) -> float:
     return max(hop(cl.intra, nbytes) if cl.ranks_per_node > 1 else 0.0, hop(cl.inter, nbytes) if cl.nodes > 1 else 0.0)
 
 
-def together(cl, wire_s: float, compute_s: float) -> float:
-    """Communication and the arithmetic pipelined with it: overlapped on GPUs (nccl), added on CPUs (gloo)."""
-    return max(wire_s, compute_s) if cl.backend == "nccl" else wire_s + compute_s
+def together(cl, wire_s: float, compute_s: float, segments: int = 1) -> float:
+    """Communication and the arithmetic pipelined with it over `segments` pieces: the slower of the two, plus
+    the other for one piece while the pipeline fills [pipeline fill, as in T's segmented algorithms]. NCCL
+    cuts messages into slices far smaller than a chunk: the slower alone. A CPU ring (gloo's, ringexp's) has
+    two segments per chunk at most sizes, one below 4 MB: there the times add up."""
+    if cl.backend == "nccl":
+        return max(wire_s, compute_s)
+    return max(wire_s, compute_s) + min(wire_s, compute_s) / segments
+
+
+def segments(chunk_bytes: float) -> int:
+    """Pipeline segments per chunk of ringexp's ring (and gloo's, which it copies): half a chunk each, within
+    ringexp.comm.ring's bounds."""
+    size = min(max(chunk_bytes / 2, ring.MIN_AUTO), ring.MAX_AUTO)
+    return max(1, math.ceil(chunk_bytes / size))
 
 
 def ring_s(cl, n: float, ranks: int, step, wire: Wire = NONE, reduced: float | None = None) -> float:
@@ -75,11 +89,10 @@ def ring_s(cl, n: float, ranks: int, step, wire: Wire = NONE, reduced: float | N
     moving one chunk of n/ranks (as wire bytes) in `step(bytes)` seconds, and (ranks-1)/ranks of the `reduced`
     bytes (default n; each rank's own share) summed. With a wire format every reduce-scatter hop decodes-and-
     adds and re-encodes, the finished chunk is encoded once and the all-gather decodes what it receives.
-    The rings are pipelined over segments, so on GPUs a segment is added or encoded (by kernels) while the next
-    one travels (by the NIC): the slower of the two sets the time. On CPUs the arithmetic and the network stack
-    share the cores, and the times add up [T]; on the local cluster adding was the closer of the two for
-    2 x 2 ranks (median error 7.7% against 16.2%), overlapping for 4 x 1 (7.6% against 15.8%): see
-    docs/results/plan.md."""
+    The rings are pipelined over segments: one segment is added or encoded while the next one travels
+    (`together`). On the local cluster this was the closest of three rules: adding the two raised every shape's
+    median error by 1.3-1.6 points; the slower alone left more cases beyond 25% on two of the three shapes
+    (docs/results/plan.md)."""
     if ranks <= 1:
         return 0.0
     share = (n if reduced is None else reduced) * (ranks - 1) / ranks
@@ -87,7 +100,7 @@ def ring_s(cl, n: float, ranks: int, step, wire: Wire = NONE, reduced: float | N
         compute = share * cl.add_s_per_byte
     else:
         compute = share * wire.decode + share * wire.encode + share / (ranks - 1) * wire.encode + share * wire.decode
-    return together(cl, 2 * (ranks - 1) * step(wire.ratio * n / ranks), compute)
+    return together(cl, 2 * (ranks - 1) * step(wire.ratio * n / ranks), compute, segments(n / ranks))
 
 
 def all_reduce_s(cl, n: float, algorithm: str, wire: Wire = NONE, inter_only: bool = False) -> float:

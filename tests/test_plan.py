@@ -53,6 +53,11 @@ def test_a_wire_format_shrinks_the_bytes_and_its_codec_sets_the_time_when_slower
     assert costmodel.all_reduce_s(cpu, N, "ring", fast) == pytest.approx(
         6 * (1e-4 + 5e-3) + 3e6 * 2e-10 + 3e6 * 3e-10 + 1e6 * 2e-10 + 3e6 * 3e-10)
     assert costmodel.all_reduce_s(cpu, N, "builtin") == pytest.approx(6 * (1e-4 + 1e-2) + 0.75 * N * 1e-10)
+    # 64 MB: chunks of 16 MB in 2 segments of 8 MB (ringexp.comm.ring): the arithmetic of one segment shows
+    slow64 = costmodel.Wire(ratio=0.5, encode=2e-10, decode=1e-8)
+    wire, arithmetic = 6 * (1e-4 + 8e-2), 2 * 48e6 * 1e-8 + 48e6 * 2e-10 + 16e6 * 2e-10
+    assert costmodel.all_reduce_s(cpu, 16 * N, "ring", slow64) == pytest.approx(max(wire, arithmetic) + min(
+        wire, arithmetic) / 2)
     inter_only = costmodel.all_reduce_s(CL, N, "two_level", fast, inter_only=True)
     assert 2 * (1e-4 + 1e-2) < inter_only < costmodel.all_reduce_s(CL, N, "two_level")
 
@@ -161,8 +166,9 @@ def test_compare_puts_predictions_beside_runs_on_a_calibrated_cluster(tmp_path):
 def test_accuracy_sets_each_bench_row_beside_the_model_for_its_algorithm_and_compressor(tmp_path, monkeypatch, capsys):
     """bench names (hierarchical, int8 kept to the inter-node stage) map to the model's algorithm and scope; each
     row's error is predicted / measured - 1; the summary counts the cases; the plot holds every case."""
+    cases = [("hierarchical", 0.05), ("hierarchical+int8:inter", 0.02), ("builtin", 0.04)]
     rows = [{"algorithm": a, "size_bytes": 4 << 20, "count": 1 << 20, "nodes": 2, "ranks_per_node": 2, "link": "x",
-             "time_us": 1e6 * t} for a, t in [("hierarchical", 0.05), ("hierarchical+int8:inter", 0.02), ("builtin", 0.04)]]
+             "time_us": 1e6 * t} for a, t in cases]
     (tmp_path / "bench.json").write_text(json.dumps(rows))
     monkeypatch.setattr(sys, "argv", ["ringexp.plan", "accuracy", f"bench=[{tmp_path / 'bench.json'}]",
                                       f"out={tmp_path / 'acc'}", "cluster=local_2x2_1gbit"])
