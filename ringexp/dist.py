@@ -4,6 +4,7 @@ import os
 import random
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -60,6 +61,48 @@ def init(device: str, threads_per_worker: int = 0, timeout_s: float = 300.0) -> 
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 device_id=dev if backend == "nccl" else None)
     return Env(rank, world, local_rank, local_world, dev, backend)
+
+
+def handover(device: torch.device):
+    """A mark another thread's work on `device`'s tensors must wait for: on CUDA, an event recorded on the
+    calling thread's current stream of that device (the compute stream that produced them); None on CPU."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+@contextmanager
+def on_device(device: torch.device, ready=None, streams: dict | None = None):
+    """Run a block on a thread other than the one that produced its tensors (a communication hook's worker). On
+    CUDA: `device` becomes the thread's current device (a new thread's is cuda:0, whatever rank it serves), and
+    the block's work goes on a side stream (one per device, kept in `streams`) that first waits for `ready`
+    (handover's event), so it starts after the tensors are written and runs beside the compute stream. On CPU:
+    as is."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        stream = streams.setdefault(device, torch.cuda.Stream(device)) if streams is not None else \
+            torch.cuda.Stream(device)
+        if ready is not None:
+            stream.wait_event(ready)
+        with torch.cuda.stream(stream):
+            yield
+
+
+def future(device: torch.device) -> torch.futures.Future:
+    """A future for a tensor on `device`. On CUDA it is stream-aware: set_result records an event on the current
+    stream, and whoever waits for the value (DDP's reducer) waits on the device for that event, not on the host."""
+    return torch.futures.Future(devices=[device]) if device.type == "cuda" else torch.futures.Future()
+
+
+def sync(device: torch.device) -> None:
+    """Wait until `device` has done the work queued so far (CUDA); nothing on CPU. For timing single operations
+    (the bench, calibrate); the training loop reads CUDA events instead."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def topology(env: Env) -> dict:

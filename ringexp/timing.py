@@ -27,12 +27,15 @@ PARTS = ("data_s", "compute_s", "comm_s", "exposed_comm_s", "optimizer_s", "over
 
 class Clock:
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
 
     def now(self):
+        """A mark: on CUDA an event on the calling thread's current stream of this clock's device, named
+        explicitly: a hook's worker thread may have another current device, and events of two devices cannot be
+        compared."""
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 

@@ -109,3 +109,29 @@ def closing_worker():
 def test_the_hook_thread_ends_when_the_strategy_closes():
     for rank, (started, alive) in workers(closing_worker, 2).items():
         assert started == 1 and alive == [], (rank, started, alive)
+
+
+def device_worker():
+    env = rdist.init("cpu")
+    seen, on_device = [], rdist.on_device
+
+    def spy(device, ready=None, streams=None):  # the hook reaches it through the module: this sees every call
+        seen.append((threading.current_thread().name, device))
+        return on_device(device, ready, streams)
+    rdist.on_device = spy
+    strat = parallel.build(strategy_cfg("ring", env.world_size, bucket_cap_mb=0.01), env)
+    model = strat.wrap(small_cnn(5, width=8))
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), env.rank, 1, 2, partial(strat.no_sync, model))
+    buckets = strat.hook_state.buckets
+    strat.close()
+    rdist.cleanup()
+    return seen, buckets
+
+
+def test_the_hook_thread_works_on_the_bucket_s_device_named_explicitly():
+    """Every bucket's collective runs inside ringexp.dist.on_device for the bucket's own device, on the hook's
+    worker thread: on CUDA that sets the thread's device and side stream (a new thread's device is cuda:0)."""
+    for rank, (seen, buckets) in workers(device_worker, 2).items():
+        assert len(seen) >= 2 and all(name.startswith("ringexp-ring") and device == torch.device("cpu")
+                                      for name, device in seen), (rank, seen)
+        assert len(seen) == buckets, (rank, len(seen), buckets)

@@ -2,6 +2,7 @@
 the profiler writes a trace with the collectives in it."""
 
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, read_rows, read_summary, run_cli, strategy_cfg, wandb_records, workers
 
-from ringexp import comm
+from ringexp import comm, timing
 from ringexp.launch import run_worker
 from ringexp.parallel import STRATEGIES
 from ringexp.timing import union_length, verdict
@@ -105,6 +106,35 @@ def test_a_slowed_collective_shows_as_exposed_communication(tmp_path):
     assert slowed["comm_s"] > normal["comm_s"] + 0.03, (normal, slowed)
     assert slowed["step_s"] > normal["step_s"] + 0.03
 
+
+
+def counting_worker(cfg, run_dir, meta):
+    """A rank that counts how often the step clock waits for the device (Clock.sync: a no-op on CPU, a device
+    synchronisation on CUDA) and leaves the count beside the run."""
+    calls = []
+    original = timing.Clock.sync
+
+    def sync(self):
+        calls.append(1)
+        return original(self)
+    timing.Clock.sync = sync
+    try:
+        return run_worker(cfg, run_dir, meta)
+    finally:
+        Path(run_dir, f"syncs-{os.environ['RANK']}.txt").write_text(str(len(calls)))
+
+
+def test_the_step_clock_waits_for_the_device_only_on_logged_steps(tmp_path):
+    """On CUDA every wait is a host synchronisation: a row every 4 steps must cost one wait every 4 steps, not one
+    per step (marks are CUDA events, read only when a row is due)."""
+    cfg = compose_config([*TINY, "+parallel=ring", "logger=none", "steps=12", "eval_every=12", "logger.log_every=4"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    meta = {"name": "count", "group": "count", "job_type": "ring", "choices": {}, "overrides": []}
+    workers(counting_worker, 2, cfg, str(run_dir), meta)
+    logged = [row for row in read_rows(run_dir) if "time/compute_s" in row]
+    assert [row["step"] for row in logged] == [4, 8, 12]
+    assert [int((run_dir / f"syncs-{r}.txt").read_text()) for r in (0, 1)] == [len(logged)] * 2
 
 @pytest.mark.slow
 def test_profiler_writes_a_trace_with_communication_events(tmp_path):

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ringexp import comm, compress
+from ringexp import dist as rdist
 from ringexp.config import CompressionConfig
 
 COMPRESSIONS = tuple(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))  # what the hook takes
@@ -39,6 +40,7 @@ class CommState:
         self.pending = []  # (the thread's future, DDP's future) of buckets handed over and not yet done
         self.failed = None  # the first bucket's error: the group is spent, later buckets fail at once
         self.buckets = 0  # buckets the hook was called for: is DDP calling it at all? (Lightning on CPU does not)
+        self.streams = {}  # CUDA: the worker thread's side stream per device (ringexp.dist.on_device)
 
     def start(self) -> None:
         """Create the hook's process group and thread (collective over the parent group's ranks; idempotent).
@@ -83,8 +85,8 @@ class CommState:
 def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     state.start()
     state.buckets += 1
-    fut = torch.futures.Future()
     tensor, index = bucket.buffer(), bucket.index()
+    fut, ready = rdist.future(tensor.device), rdist.handover(tensor.device)  # (CUDA: the bucket is written then)
     layout = [p.numel() for p in bucket.parameters()] if state.compressor is not None else None
     group, world = state.group, state.world  # as they are now, when DDP hands the bucket over
 
@@ -93,15 +95,9 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
             fut.set_exception(RuntimeError(f"not reduced: an earlier bucket failed: {state.failed}"))
             return
         try:
-            if state.compressor is None and state.algorithm == "ring":  # it divides the chunk it finishes
-                comm.all_reduce(tensor, "ring", group, check=False, divisor=world, **state.options)
-            elif state.compressor is None:
-                tensor.div_(world)  # average, as DDP's own hook does (divide first: no overflow)
-                comm.all_reduce(tensor, state.algorithm, group, check=False, **state.options)
-            else:
-                tensor.div_(world)
-                compress.all_reduce(tensor, state.algorithm, state.compressor, index, group, layout, **state.options)
-            fut.set_result(tensor)
+            with rdist.on_device(tensor.device, ready, state.streams):
+                reduce_bucket(state, tensor, index, group, world, layout)
+                fut.set_result(tensor)  # (CUDA: marks the side stream; DDP's reducer waits for it on the device)
         except BaseException as e:  # the error reaches backward() through the future
             state.failed = f"{type(e).__name__}: {e}"
             fut.set_exception(e)
@@ -109,6 +105,18 @@ def comm_hook(state: CommState, bucket) -> torch.futures.Future[torch.Tensor]:
     state.pending = [(job, f) for job, f in state.pending if not job.done()]
     state.pending.append((state.executor.submit(run), fut))
     return fut
+
+
+def reduce_bucket(state: CommState, tensor, index: int, group, world: int, layout) -> None:
+    """Average `tensor` over the group's ranks with the state's algorithm and compressor, in place."""
+    if state.compressor is None and state.algorithm == "ring":  # it divides the chunk it finishes
+        comm.all_reduce(tensor, "ring", group, check=False, divisor=world, **state.options)
+    elif state.compressor is None:
+        tensor.div_(world)  # average, as DDP's own hook does (divide first: no overflow)
+        comm.all_reduce(tensor, state.algorithm, group, check=False, **state.options)
+    else:
+        tensor.div_(world)
+        compress.all_reduce(tensor, state.algorithm, state.compressor, index, group, layout, **state.options)
 
 
 def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **options) -> tuple:
