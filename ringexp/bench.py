@@ -31,11 +31,12 @@ from omegaconf import OmegaConf
 
 from ringexp import comm, compress, records
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, plain
+from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, Device, plain
 from ringexp.errors import ConfigError, print_error
 from ringexp.launch import adopt_srun_task, elastic, under_external_launcher
 from ringexp.sinks.wandb import WandbSink
 from ringexp.timing import median_time
+from ringexp.validate import check_gpus, resolve_device
 
 log = logging.getLogger("ringexp")
 # bench name -> (ringexp.comm algorithm, options)
@@ -86,6 +87,14 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
     bad = [d for d in cfg.dtypes if d not in DTYPES]
     if bad:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
+    # auto: cuda where every world size finds a GPU per rank on this node (NCCL runs one rank per GPU), else cpu;
+    # resolved in place, so that the workers see the resolved device
+    local = [int(os.environ.get("LOCAL_WORLD_SIZE", 1))] if external else cfg.nprocs
+    if cfg.launcher.device == Device.auto and max(local) > torch.cuda.device_count():
+        cfg.launcher.device = Device.cpu
+    cfg.launcher.device = resolve_device(cfg.launcher.device)
+    for n in local:
+        check_gpus(cfg.launcher.device, n, "LOCAL_WORLD_SIZE" if external else "nprocs")
     if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
         worlds = [int(os.environ["WORLD_SIZE"])] if external else cfg.nprocs
         if external and worlds[0] > int(os.environ.get("LOCAL_WORLD_SIZE", worlds[0])):
@@ -116,7 +125,7 @@ def count_wrong(x, y, c, dname: str, n: int) -> int:
 
 
 def bench_worker(cfg: BenchConfig) -> list:
-    env = rdist.init("cpu")
+    env = rdist.init(str(cfg.launcher.device))
     n, rows, where = env.world_size, [], rdist.topology(env)
     # hierarchical: the job's real nodes when it spans several, else cfg.nodes emulated ones on this machine
     nodes = where["nodes"] if where["nodes"] > 1 else cfg.nodes
@@ -143,7 +152,7 @@ def bench_worker(cfg: BenchConfig) -> list:
         for nbytes in sizes(cfg):
             count = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
             g = torch.Generator().manual_seed(1000 * env.rank + count)
-            x = torch.randn(count, generator=g).to(dtype)
+            x = torch.randn(count, generator=g).to(env.device, dtype)
             here = {name: spec for name, spec in specs.items() if spec[2] is None or dtype == torch.float32}
             wrong = {name: count_wrong(x, run(x.clone(), spec), spec[2], dname, n) for name, spec in here.items()}
             times = timed_rounds(cfg, x, {name: partial(run, spec=spec) for name, spec in here.items()})
@@ -152,7 +161,8 @@ def bench_worker(cfg: BenchConfig) -> list:
                 t = statistics.median(times[name])
                 algbw = count * x.element_size() / t / 1e9
                 rows.append({
-                    "nprocs": n, **where, "algorithm": name, "size_bytes": count * x.element_size(), "count": count,
+                    "nprocs": n, **where, "backend": env.backend, "algorithm": name,
+                    "size_bytes": count * x.element_size(), "count": count,
                     "type": dname, "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n,
                     "wrong": wrong[name], "vs_builtin": (base / t) if base else None,
                     "time_us_p10": 1e6 * (statistics.quantiles(times[name], n=10)[0] if len(times[name]) > 1 else t),
@@ -173,9 +183,11 @@ def timed_rounds(cfg: BenchConfig, x, runs: dict) -> dict:
         round_s = 0.0
         for name, run in runs.items():
             dist.barrier()
+            rdist.sync(x.device)
             t0 = time.perf_counter()
             run(bufs[name])
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            rdist.sync(x.device)  # (CUDA: the collective has run on the device, not just been queued)
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=x.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the same number on every rank
             round_s += float(t)
             if it >= cfg.warmup:
@@ -223,7 +235,8 @@ def fmt_size(b: int) -> str:
 def print_rows(rows: list, header: bool) -> None:
     if header:
         r = rows[0]
-        print(f"\n# nprocs={r['nprocs']} on {r['nodes']} node(s) x {r['ranks_per_node']} rank(s), link {r['link']}  "
+        print(f"\n# nprocs={r['nprocs']} on {r['nodes']} node(s) x {r['ranks_per_node']} rank(s), link {r['link']}, "
+              f"{r['backend']}  "
               "(time = median over rounds of the slowest rank; "
               "busbw = algbw x 2(n-1)/n; x builtin = builtin time / this time)")
         print(f"{'size':>8} {'count':>11} {'type':>9} {'algorithm':>24} {'time(us)':>11} {'algbw':>7} {'busbw':>7} "

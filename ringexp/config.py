@@ -74,6 +74,7 @@ class ModelConfig:
     name: str = "small_cnn"  # "small_cnn" (built in, fast on CPU) or any timm model name
     width: int = 16  # small_cnn: channels of the first stage (doubled per stage)
     drop_rate: float = 0.0
+    channels_last: bool = False  # NHWC weights: faster convolutions on GPUs' tensor cores under amp
 
     def __post_init__(self):
         need(self.width >= 1, "model.width", self.width, "must be >= 1")
@@ -285,6 +286,11 @@ class TrainConfig:
 
 
 @dataclass
+class BenchLauncherConfig:
+    device: Device = Device.auto  # cuda: NCCL, one GPU per rank; cpu: gloo; auto: cuda where nprocs find GPUs
+
+
+@dataclass
 class BenchConfig:
     """`python -m ringexp.bench`: all-reduce algorithms x message sizes x dtypes x world sizes."""
     algorithms: List[str] = field(default_factory=lambda: ["builtin", "ring", "hierarchical", "leader", "naive"])
@@ -303,6 +309,7 @@ class BenchConfig:
     nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size
     timeout_s: float = 300.0
     codec: bool = False  # instead: each compressor's encode/decode speed on one core against an fp16 cast
+    launcher: BenchLauncherConfig = field(default_factory=BenchLauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     name: Optional[str] = None
 

@@ -56,8 +56,7 @@ def unknown_keys(node, schema, prefix: str = ""):
 def resolve_launcher(cfg: TrainConfig) -> None:
     """Make `launcher.device` and `launcher.nproc_per_node` concrete, in place: the only place that looks at the
     machine, so workers and records see the resolved values."""
-    if cfg.launcher.device == Device.auto:
-        cfg.launcher.device = Device.cuda if torch.cuda.is_available() else Device.cpu
+    cfg.launcher.device = resolve_device(cfg.launcher.device)
     if cfg.launcher.nproc_per_node is None:
         cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == Device.cuda else 2
 
@@ -89,14 +88,25 @@ def check(cfg: TrainConfig) -> None:
 
 
 def check_device(cfg: TrainConfig) -> None:
-    device = cfg.launcher.device
     n = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.launcher.nproc_per_node))  # ranks on this node
+    check_gpus(cfg.launcher.device, n, "launcher.nproc_per_node")
+
+
+def check_gpus(device: Device, ranks: int, key: str) -> None:
+    """A CUDA job needs a visible GPU for each of its `ranks` on this node: NCCL cannot run two ranks on one."""
     visible = torch.cuda.device_count() if device == Device.cuda else 0
     if device == Device.cuda and visible == 0:
         raise ConfigError("launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
-    if device == Device.cuda and n > visible:
-        raise ConfigError(f"launcher.nproc_per_node={n} asks for more GPUs than the {visible} visible; "
-                          f"use launcher.nproc_per_node<={visible}")
+    if device == Device.cuda and ranks > visible:
+        raise ConfigError(f"{key}={ranks} asks for more GPUs than the {visible} visible (NCCL runs one rank per "
+                          f"GPU); use {key}<={visible}")
+
+
+def resolve_device(device: Device) -> Device:
+    """auto: cuda where a GPU is visible, else cpu."""
+    if device == Device.auto:
+        return Device.cuda if torch.cuda.is_available() else Device.cpu
+    return device
 
 
 def check_compression(cfg: TrainConfig) -> None:

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, history_and_summary
+import torch
+from conftest import ROOT, error_line, history_and_summary
 
 
 @pytest.mark.slow
@@ -36,3 +37,12 @@ def test_bench_refuses_nodes_that_do_not_divide(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ringexp.bench", "nprocs=[3]", "nodes=2",
                         f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("ringexp: error: bench: nodes=2 does not divide nprocs=3")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+def test_bench_on_cuda_without_a_gpu_says_so_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ringexp.bench", "launcher.device=cuda",
+                        f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and error_line(r.stderr).startswith(
+        "ringexp: error: launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
+    assert not (tmp_path / "b" / "bench.json").exists()
