@@ -1,5 +1,6 @@
 """Models: a small built-in CNN (the fast CPU default) and any timm model by name, never with weights."""
 
+import torch
 from torch import nn
 
 from ringexp.errors import ConfigError
@@ -36,11 +37,14 @@ def check_model(name: str) -> None:
 
 def build_model(cfg, num_labels: int) -> nn.Module:
     if cfg.name == "small_cnn":
-        return small_cnn(num_labels, cfg.width, cfg.drop_rate)
-    import timm
+        model = small_cnn(num_labels, cfg.width, cfg.drop_rate)
+    else:
+        import timm
 
-    # pretrained=False always: ringexp never downloads weights; the run must work offline.
-    return timm.create_model(cfg.name, pretrained=False, num_classes=num_labels, drop_rate=cfg.drop_rate)
+        # pretrained=False always: ringexp never downloads weights; the run must work offline.
+        model = timm.create_model(cfg.name, pretrained=False, num_classes=num_labels, drop_rate=cfg.drop_rate)
+    # channels_last: convolutions then run in NHWC (inputs are converted by the first one), as cuDNN prefers
+    return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
 
 
 def param_bytes(model: nn.Module) -> int:

@@ -38,22 +38,31 @@ from ringexp.validate import compose_config
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def plain_ddp_loop(cfg, steps: int) -> list:
-    """The baseline: what a minimal hand-written DDP training loop does, and nothing more."""
+def plain_ddp_loop(cfg, steps: int, device: torch.device) -> list:
+    """The baseline: what a minimal hand-written DDP training loop does, and nothing more (on a GPU: the
+    config's autocast dtype, pinned memory and the loader's workers, as a user would write it)."""
     train_ds, _, num_labels = build_datasets(cfg.data)
     torch.manual_seed(cfg.seed)
-    model = DDP(build_model(cfg.model, num_labels))
+    cuda = device.type == "cuda"
+    model = DDP(build_model(cfg.model, num_labels).to(device), device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     sampler = DistributedSampler(train_ds, shuffle=True, seed=cfg.seed, drop_last=True)
-    loader = DataLoader(train_ds, batch_size=cfg.data.batch_size, sampler=sampler, drop_last=True)
+    loader = DataLoader(train_ds, batch_size=cfg.data.batch_size, sampler=sampler, drop_last=True,
+                        num_workers=cfg.data.num_workers, pin_memory=cuda)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(cfg.amp.mode))
     times, step, epoch, t_prev = [], 0, 0, time.perf_counter()
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
-            loss = F.binary_cross_entropy_with_logits(model(x), y)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = model(x)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if cuda and step % cfg.logger.log_every == 0:
+                torch.cuda.synchronize(device)  # as ringexp's logged steps wait for the device
             now = time.perf_counter()
             times.append(now - t_prev)
             t_prev, step = now, step + 1
@@ -82,7 +91,7 @@ def bench_worker(base, cand, rounds: int, warmup: int, out: str):
             dist.barrier()
             cfg = cfgs[side]
             if cfg is None:
-                pair[side] = interval_median(plain_ddp_loop(c, c.steps), c.logger.log_every, warmup)
+                pair[side] = interval_median(plain_ddp_loop(c, c.steps, env.device), c.logger.log_every, warmup)
                 continue
             run_dir = Path(out) / f"round{r}-{side}"
             run_dir.mkdir(exist_ok=True)
