@@ -114,17 +114,17 @@ def test_the_bench_runs_across_the_nodes_and_says_where(two_nodes, tmp_path):
 
 
 def test_plan_calibrate_runs_unchanged_under_srun_one_rank_per_task(two_nodes, tmp_path):
-    """A plain `srun` of 2 tasks on each node: every task becomes one rank (Slurm's variables), the levels are the
-    nodes Slurm placed them on, and each rank runs one thread per task the machine's cores are shared by."""
+    """A plain `srun` of a task on each node: every task becomes one rank (Slurm's variables), the ranks are the
+    nodes Slurm placed them on, and each rank runs as many threads as its share of the machine's cores."""
     out = tmp_path / "srun.yaml"
-    r = subprocess.run(["srun", "-p", "cluster", "-N", "2", "--ntasks-per-node", "2", sys.executable, "-m",
+    r = subprocess.run(["srun", "-p", "cluster", "-N", "2", "--ntasks-per-node", "1", sys.executable, "-m",
                         "ringexp.plan", "calibrate", "iters=2", "sizes=[4096,1048576]", f"out={out}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **SLURM_ENV})
     assert r.returncode == 0, r.stderr[-3000:]
     cl = load_yaml(ClusterConfig, out)
-    assert (cl.nodes, cl.ranks_per_node, cl.link, cl.backend) == (2, 2, "none", "gloo")
-    assert "not measured" not in cl.inter.source + cl.intra.source and cl.inter.beta_s_per_byte > 0
-    assert cl.cpu_threads == max(1, (os.cpu_count() or 1) // 4)
+    assert (cl.nodes, cl.ranks_per_node, cl.link, cl.backend) == (2, 1, "none", "gloo")
+    assert "not measured" not in cl.inter.source and cl.inter.beta_s_per_byte > 0
+    assert cl.cpu_threads == max(1, (os.cpu_count() or 1) // 2)
     assert r.stdout.count(f"wrote {out}") == 1  # rank 0 alone writes and says so
 
 def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(two_nodes, tmp_path):
