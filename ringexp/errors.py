@@ -26,6 +26,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the previous one is intact."""
 
 
+class PeerLost(RuntimeError):
+    """A rank's collective failed because peers went silent; the message names them. Reported as a failure even
+    when the rank's agent is stopping it meanwhile (a rank beside it, which found the same, ended first)."""
+
+
 # what a worker's error says when the cause is another worker that died, hung or was cut off: gloo's and c10d's
 # words (gloo fails the other operations on a pair that timed out with "Application timeout caused pair
 # closure", seen in CI on the ranks of a node whose link was cut)

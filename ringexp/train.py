@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from ringexp import checkpoint, records
 from ringexp.config import CONF_DIR, plain
-from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error, print_warning
+from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import launch, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config, job_world
@@ -102,7 +102,7 @@ def run(cfg, run_dir: Path) -> dict | None:
     except KeyboardInterrupt:  # before the workers started
         return interrupted(run_dir)
     except Exception as e:  # a worker died or raised: say so in the run directory, keep records and checkpoints
-        if stop.requested():  # ... because it was asked to stop
+        if stop.requested() and not isinstance(e, PeerLost):  # ... because it was asked to stop
             return interrupted(run_dir)
         message, code = worker_failure(e)
         if records.disk_full(run_dir):  # the real cause, which an empty error file or a cut JSON file hides

@@ -1,13 +1,17 @@
-"""A peer killed in the middle of a collective: the others fail fast with a message, they never hang."""
+"""A peer killed in the middle of a collective: the others fail fast with a message, they never hang; a rank that
+lost its peers names them even when its agent stops it meanwhile."""
 
 import multiprocessing as mp
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
+from conftest import ROOT
 
 TIMEOUT_S = 20
 
@@ -60,3 +64,34 @@ def test_killed_peer_is_an_error_not_a_hang(algorithm):
         assert message != "finished", rank
         assert f"{algorithm} all-reduce" in message and "rank" in message and "step" in message, message
     assert killed_at - min(t for *_, t in got) < TIMEOUT_S + 30
+
+
+STOPPED_RANK = """
+import os, signal, sys
+from types import SimpleNamespace
+from ringexp import dist as rdist, launch
+os.environ.update(WORLD_SIZE="4", LOCAL_WORLD_SIZE="2", TORCHELASTIC_RUN_ID="t")  # 2 nodes of 2, under torchrun
+
+def train_rank(*args):  # the rank's collective broke on a silent peer, and a signal came meanwhile
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    raise RuntimeError("Timed out waiting 10000ms for send operation to complete")
+
+launch.train_rank = train_rank
+rdist.who_is_gone = lambda cause, wait_s, give_up: f"ranks 2, 3 stopped answering ({cause}); gave up: {give_up()}"
+try:
+    print("returned", launch.run_worker(SimpleNamespace(parallel=SimpleNamespace(timeout_s=10)), None, None))
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("signal_name, said", [
+    # its agent stops it (a rank beside it failed first): it still says whom it lost, without waiting any longer
+    ("SIGTERM", "PeerLost ranks 2, 3 stopped answering (Timed out waiting 10000ms for send operation to complete); "
+                "gave up: True"),
+    ("SIGINT", "returned {'status': 'interrupted'}"),  # the user's Ctrl-C: it stops quietly
+])
+def test_a_rank_that_lost_its_peers_names_them_even_when_its_agent_stops_it(signal_name, said):
+    r = subprocess.run([sys.executable, "-c", STOPPED_RANK, signal_name], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == said, r.stdout + r.stderr[-2000:]
