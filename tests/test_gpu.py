@@ -1,6 +1,7 @@
 """The CUDA path, on a machine with GPUs (marked `gpu`; skipped elsewhere; scripts/gpu_check.sh runs them): a
 hook's worker thread works on the bucket's own device and waits for the bucket on the device, timing marks from
-that thread compare with the training thread's, and every hooked strategy reduces like NCCL's own DDP."""
+that thread compare with the training thread's, every compressor encodes on the GPU as on the CPU, and every hooked
+strategy reduces like NCCL's own DDP."""
 
 import threading
 
@@ -9,8 +10,9 @@ import torch
 from conftest import strategy_cfg
 from torch import nn
 
+from ringexp import compress, parallel
 from ringexp import dist as rdist
-from ringexp import parallel
+from ringexp.config import CompressionConfig
 from ringexp.launch import elastic
 from ringexp.timing import Clock
 
@@ -46,6 +48,20 @@ def test_a_worker_thread_waits_on_the_device_for_the_bucket_it_was_handed():
     torch.cuda.synchronize(dev)
     assert float(seen["sum"]) == x.numel() and seen["device"] == dev.index and seen["side"], seen
 
+
+
+@one_gpu
+@pytest.mark.parametrize("name", ["fp16", "bf16", "int8", "topk", "sign"])
+def test_each_compressor_encodes_on_the_gpu_as_on_the_cpu(name):
+    """The same tensor (an awkward size, a few large values) through encode and decode on both devices: the same
+    result, to the float32 rounding a GPU's reductions may differ by."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1_000_003, generator=g)
+    x[::9973] *= 50
+    c = CompressionConfig(name=name, error_feedback=False)
+    cpu, gpu = compress.roundtrip(x, c), compress.roundtrip(x.cuda(), c).cpu()
+    assert gpu.shape == cpu.shape and torch.allclose(gpu, cpu, rtol=1e-5, atol=1e-6), (
+        name, float((gpu - cpu).abs().max()))
 
 @two_gpus
 def test_timing_marks_from_a_thread_on_another_current_device_compare_with_the_training_thread_s():
