@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -204,7 +205,7 @@ def exchanging(env, fn):
 
 def calibrate_worker(cfg: PlanConfig) -> dict:
     env = rdist.init("cuda" if torch.cuda.is_available() else "cpu")
-    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    sync = partial(rdist.sync, env.device)
     where = rdist.topology(env)
     k, nodes = where["ranks_per_node"], where["nodes"]
     node, local = divmod(env.rank, k)
@@ -298,7 +299,7 @@ def measure_compute(cfg, model, threads: int) -> dict:
     """One rank's forward, backward and optimizer step on this machine (random inputs of the config's batch and
     image size), medians of 5 after 2 warm-up steps."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = partial(rdist.sync, device)
     torch.set_num_threads(threads)
     model = model.to(device)
     b, s = cfg.data.batch_size, cfg.data.image_size
