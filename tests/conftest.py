@@ -26,8 +26,7 @@ from ringexp.trainer import forward_backward
 from ringexp.validate import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
-# Workers are forked from this process (conftest.workers), and GNU OpenMP's thread pool does not survive a fork: a
-# worker hung in its first parallel op once pytest's own process had run one. One thread here starts no pool.
+# Tests that run torch in pytest's own process do it on one thread: their figures do not depend on the machine.
 torch.set_num_threads(1)
 # A few seconds of training: tiny model and data, still 2 real gloo workers.
 # A row every step (logger.log_every=1), so that tests can follow the run step by step.
@@ -36,9 +35,26 @@ TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024
 
 
 def workers(fn, n: int, *args) -> dict:
-    """fn(*args) in n real gloo workers through torch's elastic launch, forked from pytest's process ({rank: return
-    value}): under a second each, against about 8 s to spawn fresh interpreters."""
-    return elastic(fn, n, *args, start_method="fork")
+    """fn(*args) in n real gloo workers through torch's elastic launch ({rank: return value}), forked from a
+    forkserver that has imported this module: under a second each, against about 8 s to spawn fresh interpreters.
+    Not forked from pytest's process: it runs threads (the launch's own rendezvous store, earlier tests' pools), and
+    a fork that catches one holding a lock leaves the child stuck on it (a rank never joined, in CI)."""
+    start_forkserver()
+    return elastic(fn, n, *args, start_method="forkserver")
+
+
+def start_forkserver():
+    """Start multiprocessing's forkserver with this module and torch imported once (idempotent). Python 3.11's
+    forkserver ignores the parent's sys.path, so tests/ reaches it through PYTHONPATH, for its start only."""
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload(["conftest"])
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), saved) if p)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
 
 
 def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeout: int = 300, env=None,
