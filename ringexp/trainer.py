@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_map_only
 
 from ringexp import checkpoint, parallel, profiling, stop
 from ringexp import dist as rdist
@@ -107,7 +108,8 @@ class Trainer:
         if own is not None:
             self.sched.load_state_dict(own["scheduler"])
             self.scaler.load_state_dict(own["scaler"])
-            self.strategy.load_state_dict(own["comm"])
+            # (residuals and PowerSGD's factors were loaded onto the CPU; the hooks add them to gradients)
+            self.strategy.load_state_dict(tree_map_only(torch.Tensor, lambda t: t.to(self.env.device), own["comm"]))
             self.pos.update(own["data"])
             self.skipped_steps.fill_(own["skipped_steps"])
         source = (self.ckpt.parent.parent if self.ckpt else self.run_dir) if self.mode else None

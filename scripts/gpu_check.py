@@ -47,12 +47,15 @@ def run(args: list, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def tests() -> None:
-    r = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"])
+def tests(out: Path) -> None:
+    """The gpu-marked tests; their whole output goes to OUT/gpu-tests.log, the failing ones' names to the row."""
+    r = run([sys.executable, "-m", "pytest", "-q", "-rfE", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"])
+    (out / "gpu-tests.log").write_text(r.stdout + r.stderr)
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error)", r.stdout))
     ok = r.returncode in (0, 5) and not counts.get("failed") and not counts.get("error")
-    row("gpu-marked tests", "ok" if ok else "FAILED", ", ".join(f"{v} {k}" for k, v in counts.items()) or
-        r.stdout[-200:])
+    failing = re.findall(r"^(?:FAILED|ERROR) \S+::(\S+)", r.stdout, re.M)
+    row("gpu-marked tests", "ok" if ok else "FAILED", ", ".join(f"{v} {k}" for k, v in counts.items()) +
+        (f" ({', '.join(failing)})" if failing else "") or r.stdout[-200:])
 
 
 def train(name: str, out: Path, *overrides: str, gpus: int = 1) -> dict | None:
@@ -145,7 +148,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(0) if GPUS else "none"
     print(f"# ringexp GPU check: {GPUS} GPU(s) ({name}), torch {torch.__version__}, CUDA {torch.version.cuda}\n")
     print("| check | result | figure |\n|---|---|---|", flush=True)
-    for step in (tests, lambda: training_runs(out), resnet50, codecs, lambda: bench(out)):
+    for step in (lambda: tests(out), lambda: training_runs(out), resnet50, codecs, lambda: bench(out)):
         step()
     table = "\n".join(f"| {c} | {r} | {f} |" for c, r, f in rows)
     (out / "table.md").write_text(f"{GPUS} GPU(s): {name}; torch {torch.__version__}\n\n| check | result | figure |\n"

@@ -1,13 +1,14 @@
 """The CUDA path, on a machine with GPUs (marked `gpu`; skipped elsewhere; scripts/gpu_check.sh runs them): a
 hook's worker thread works on the bucket's own device and waits for the bucket on the device, timing marks from
 that thread compare with the training thread's, every compressor encodes on the GPU as on the CPU, and every hooked
-strategy reduces like NCCL's own DDP."""
+strategy reduces like NCCL's own DDP, and a CUDA run killed mid-way resumes from its checkpoint (CUDA RNG state;
+FSDP's distributed checkpoint on NCCL) with the losses of a run never interrupted."""
 
 import threading
 
 import pytest
 import torch
-from conftest import strategy_cfg
+from conftest import kill_and_resume, reference_losses, strategy_cfg
 from torch import nn
 
 from ringexp import compress, parallel
@@ -49,7 +50,6 @@ def test_a_worker_thread_waits_on_the_device_for_the_bucket_it_was_handed():
     assert float(seen["sum"]) == x.numel() and seen["device"] == dev.index and seen["side"], seen
 
 
-
 @one_gpu
 @pytest.mark.parametrize("name", ["fp16", "bf16", "int8", "topk", "sign"])
 def test_each_compressor_encodes_on_the_gpu_as_on_the_cpu(name):
@@ -62,6 +62,7 @@ def test_each_compressor_encodes_on_the_gpu_as_on_the_cpu(name):
     cpu, gpu = compress.roundtrip(x, c), compress.roundtrip(x.cuda(), c).cpu()
     assert gpu.shape == cpu.shape and torch.allclose(gpu, cpu, rtol=1e-5, atol=1e-6), (
         name, float((gpu - cpu).abs().max()))
+
 
 @two_gpus
 def test_timing_marks_from_a_thread_on_another_current_device_compare_with_the_training_thread_s():
@@ -109,3 +110,11 @@ def test_every_hooked_strategy_reduces_like_nccl_s_own_ddp():
     for rank, diffs in elastic(nccl_equivalence_worker, 2, start_method="spawn").items():
         assert set(diffs) == {"ring", "hierarchical", "naive"}
         assert all(d < 1e-5 for d in diffs.values()), (rank, diffs)
+
+
+@one_gpu
+@pytest.mark.parametrize("preset", ["ddp_topk+cuda", "ddp_powersgd+cuda", "fsdp+cuda"])
+def test_a_killed_cuda_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path, preset):
+    """The whole job killed after step 8 (one rank per GPU), resumed from step 5's checkpoint: error-feedback
+    residuals and PowerSGD's factors (loaded on the CPU) back on the GPU, FSDP's shards through DCP on NCCL."""
+    kill_and_resume(tmp_path / "run", preset, "job", True, reference_losses(lambda: tmp_path / "ref"))
