@@ -28,7 +28,7 @@ class Env:
 
 
 def threads(local_world: int, given: int = 0) -> int:
-    """Intra-op threads of one CPU worker: `given` (launcher.threads_per_worker), else OMP_NUM_THREADS as the user
+    """Intra-op threads of one worker: `given` (launcher.threads_per_worker), else OMP_NUM_THREADS as the user
     or launcher set it (torchrun sets 1 for several workers per node; scripts/cluster_local.sh sets the machine's
     cores over all its nodes' ranks, since every node of that cluster is this one machine), else the cores this
     process may run on (a Slurm or taskset CPU set, not the whole machine) over the workers of the node:
@@ -51,11 +51,15 @@ def init(device: str, threads_per_worker: int = 0, timeout_s: float = 300.0) -> 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    # A GPU rank's CPU threads too (data collation, pinning): the cores shared among the node's ranks, as torchrun's
+    # OMP_NUM_THREADS would, which a local elastic launch does not set.
+    torch.set_num_threads(threads(local_world, threads_per_worker))
     if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        dev, backend = torch.device("cuda", local_rank), "nccl"
+        # One GPU per rank: the node's GPUs by local rank, or the one GPU a scheduler bound to each task
+        # (Slurm's --gpus-per-task: every task sees its own as cuda:0)
+        dev, backend = torch.device("cuda", local_rank % torch.cuda.device_count()), "nccl"
+        torch.cuda.set_device(dev)
     else:
-        torch.set_num_threads(threads(local_world, threads_per_worker))
         dev, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),

@@ -70,8 +70,10 @@ def check_worker(cases):
             exact = exact.to(x.dtype)  # wrapped around as torch's own sum in that dtype wraps
         # tiny segments are for pipelining edge cases; keep the message count of big tensors sane
         seg = {"segment_bytes": max(c["segment_bytes"], c["numel"] * 8 // 200)}
-        variants = [("ring", seg), ("naive", {})] + [
-            ("hierarchical", seg | {"nodes": k, "variant": v}) for k in divisors for v in ("two_level", "leader")]
+        # paired: the schedule NCCL needs (each receive batched with its send), run here on gloo
+        variants = [("ring", seg), ("ring", seg | {"paired": True}), ("naive", {})] + [
+            ("hierarchical", seg | {"nodes": k, "variant": v}) for k in divisors for v in ("two_level", "leader")] + [
+            ("hierarchical", seg | {"nodes": k, "paired": True}) for k in divisors]
         if x.is_floating_point():  # the ring's mean: each rank divides the chunk it finishes
             variants.append(("ring", seg | {"divisor": n}))
         for algo, opts in variants:

@@ -134,10 +134,11 @@ def collective_worker(cases):
 def test_compressed_collectives_match_builtin(world):
     """Against builtin's sum of every rank's encoded-and-decoded input, within each compressor's bound, and
     bit-identical on every rank (the ring's owner keeps what it sends)."""
-    algos = [("builtin", {}), ("ring", {}), ("naive", {}), ("hierarchical", {"nodes": 1}),
+    algos = [("builtin", {}), ("ring", {}), ("ring", {"paired": True}), ("naive", {}), ("hierarchical", {"nodes": 1}),
              ("hierarchical", {"nodes": world, "variant": "leader"})]
-    if world == 4:
-        algos.append(("hierarchical", {"nodes": 2, "scope": "inter_node"}))
+    if world == 4:  # (paired: the schedule NCCL needs, run here on gloo)
+        algos += [("hierarchical", {"nodes": 2, "scope": "inter_node"}),
+                  ("hierarchical", {"nodes": 2, "scope": "inter_node", "paired": True})]
     cases = [(name, algo, opts, numel) for name in LOSSY for algo, opts in algos for numel in (0, 1, 13, 30011)]
     results = workers(collective_worker, world, cases)
     assert all(r == [] for r in results.values()), results

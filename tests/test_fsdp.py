@@ -1,6 +1,7 @@
 """FSDP2: the same training as DDP, a 1/N share of the state, mixed precision and accumulation through its
 own switches, on real gloo process groups."""
 
+import dataclasses
 import json
 from functools import partial
 
@@ -10,7 +11,9 @@ from conftest import read_rows, read_summary, run_cli, strategy_cfg, train_steps
 
 from ringexp import dist as rdist
 from ringexp import parallel
+from ringexp.config import AmpMode
 from ringexp.models import small_cnn
+from ringexp.optim import build_optimizer
 
 
 def parity_worker(k: int):
@@ -59,3 +62,30 @@ def test_fsdp_presets_train_and_report_their_traffic(tmp_path, tiny, preset, ext
     rows = read_rows(tmp_path)
     assert all(row["time/comm_s"] > 0 for row in rows if "time/comm_s" in row)
     json.dumps(s)  # plain JSON all the way down
+
+
+def overflow_worker():
+    """FSDP with fp16 loss scaling; one rank's gradient shard overflows."""
+    env = rdist.init("cpu")
+    cfg = strategy_cfg("fsdp", env.world_size)
+    cfg = dataclasses.replace(cfg, amp=dataclasses.replace(cfg.amp, mode=AmpMode.fp16))
+    strat = parallel.build(cfg, env)
+    model = strat.wrap(small_cnn(5, width=8))
+    scaler = strat.grad_scaler()
+    opt, _ = build_optimizer(model, cfg.optim, 16, 10)  # fused: its step checks infs itself
+    before = scaler.get_scale()
+    scaler.scale(model(torch.randn(4, 3, 32, 32)).square().mean()).backward()
+    if env.rank == 0:
+        next(model.parameters()).grad.to_local().view(-1)[0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    after = scaler.get_scale()
+    rdist.cleanup()
+    return before, after
+
+
+def test_with_fp16_every_rank_skips_the_step_one_rank_s_shard_overflowed():
+    """Ranks whose loss scales drifted apart would sum differently scaled gradients: the sharded scaler agrees on
+    infs across ranks, also through a fused optimizer's own check (FSDP's gradients are DTensors)."""
+    results = workers(overflow_worker, 2)
+    assert all(after == before / 2 for before, after in results.values()), results

@@ -12,7 +12,8 @@ Strided views and leaves that require grad are reduced through a contiguous copy
     builtin       torch.distributed.all_reduce, the reference
 
 ring, hierarchical and naive also take `wire=` (from ringexp.compress): a low-precision format for every
-message, with float32 sums at every hop.
+message, with float32 sums at every hop. ring and hierarchical take `paired=`: each receive posted in one batch
+with its send, the order NCCL needs (default: on CUDA tensors; gloo runs both).
 
 Before any message is posted, every rank checks its input and options, and (check=True, the default) the ranks
 compare what they were given in one small builtin all-gather, so a mistake on any rank raises on all of them (that
@@ -95,6 +96,8 @@ def bad_option(o: dict, world) -> str:
                 else f"nodes={nodes!r}: must be an integer >= 1")
     if o.get("divisor") is not None and not (isinstance(o["divisor"], int | float) and o["divisor"] != 0):
         return f"divisor={o['divisor']!r}: must be a nonzero number"
+    if o.get("paired") not in (None, True, False):
+        return f"paired={o['paired']!r}: must be true or false (or None: on CUDA tensors)"
     if "variant" in o and o["variant"] not in hierarchical.VARIANTS:
         return f"variant={o['variant']!r}: choose {' or '.join(hierarchical.VARIANTS)}"
     if "scope" in o and o["scope"] not in ("all", "inter_node"):
@@ -106,7 +109,9 @@ def _agree(tensor, algorithm: str, options: dict, group, code: int, error) -> No
     """One all-gather of what every rank was given: raise on all of them if any rank cannot go on or they
     disagree, before any message of the collective is posted."""
     row = _described(tensor, algorithm, options, group, code)
-    device = "cpu" if "gloo" in str(dist.get_backend(group)) else torch.device("cuda", torch.cuda.current_device())
+    # NCCL: on the tensor's own GPU (a thread's current device may be another one)
+    device = "cpu" if "gloo" in str(dist.get_backend(group)) else tensor.device if tensor.is_cuda else \
+        torch.device("cuda", torch.cuda.current_device())
     mine = torch.tensor(row, device=device)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     try:

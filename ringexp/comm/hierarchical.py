@@ -29,7 +29,7 @@ VARIANTS = ("two_level", "leader")
 PIECES, PIECE_BYTES = 4, 4 << 20
 _local = threading.local()
 # all_reduce's options (ringexp.comm refuses others)
-OPTIONS = ("nodes", "variant", "segment_bytes", "timeout_s", "wire", "scope")
+OPTIONS = ("nodes", "variant", "segment_bytes", "timeout_s", "wire", "scope", "paired")
 
 
 def node_rings(group, nodes: int) -> tuple:
@@ -55,7 +55,7 @@ def default_nodes(ranks) -> int:
 
 
 def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
-               segment_bytes=None, timeout_s=None, wire=None, scope: str = "all", **_options):
+               segment_bytes=None, timeout_s=None, wire=None, scope: str = "all", paired=None, **_options):
     if dist.get_world_size(group) == 1 or tensor.numel() == 0:
         return tensor
     if variant not in VARIANTS:
@@ -71,7 +71,7 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
             raise RuntimeError(f"hierarchical all-reduce ({variant}): step {i}/3, {what} ({where}): {e}") from e
 
     local = wire if scope == "all" else None
-    opts = {"segment_bytes": segment_bytes, "timeout_s": timeout_s}
+    opts = {"segment_bytes": segment_bytes, "timeout_s": timeout_s, "paired": paired}
     if variant == "two_level":
         two_level(flat, group, node, inter, wire, local, opts, step)
     else:  # the leader is the node's first rank
@@ -86,14 +86,18 @@ def two_level(flat, group, node, inter, wire, local, opts, step) -> None:
     """Reduce-scatter in the node, all-reduce of this rank's shard between nodes, all-gather in the node; in
     pieces, pipelined: while a background thread runs a piece's inter-node ring (the slow link: waiting), this
     thread runs the node's stages of the pieces before and after it (CPU work). The two threads talk to disjoint
-    peers (the node's ranks, the other nodes' ranks at the same local index), so their messages never mix."""
+    peers (the node's ranks, the other nodes' ranks at the same local index), so on gloo their messages never
+    mix; on GPUs one thread posts everything (NCCL's order, see below) and the device overlaps the stages."""
     m = len(node)
     pieces = piece_bounds(flat, m, opts["segment_bytes"]) if m > 1 and len(inter) > 1 else [(0, flat.numel())]
 
     def inter_ring(shard):
         step(2, "inter-node ring", ring.all_reduce, shard, group, wire=wire, members=inter, **opts)
 
-    pool, pending = helper() if len(pieces) > 1 else None, []
+    # On GPUs the pieces run on this thread: NCCL runs a group's operations in the order posted, and two threads
+    # posting on one group would interleave them differently on different ranks (a hang); the device overlaps
+    # the queued kernels anyway.
+    pool, pending = helper() if len(pieces) > 1 and not flat.is_cuda else None, []
     for b, e in pieces:
         piece = flat[b:e]
         owned = step(1, "intra-node reduce-scatter", ring.reduce_scatter, piece, group, wire=local, members=node,

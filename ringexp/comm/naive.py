@@ -31,13 +31,13 @@ def gather_sum(flat, group, members=None, timeout_s=None, wire=None, name="naive
                                                                       device=flat.device)
         for k, src in enumerate(ring[1:], 1):
             what = _recv_error(name, f"step 1/2 (gather, {k}/{n - 1})", src, group)
-            wait(irecv(buf, group, src, what), timeout_s, what)
+            wait(irecv(buf, group, src, what), timeout_s, what, flat.is_cuda)
             flat.add_(buf) if wire is None else wire.add_into(buf, flat)
     else:
         payload = flat if wire is None else wire.encode_into(flat, torch.empty(
             wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device))
         what = _send_error(name, "step 1/2 (gather)", root, group)
-        wait(isend(payload, group, root, what), timeout_s, what)
+        wait(isend(payload, group, root, what), timeout_s, what, flat.is_cuda)
 
 
 def send_back(flat, group, members=None, timeout_s=None, wire=None, name="naive all-reduce") -> None:
@@ -54,11 +54,11 @@ def send_back(flat, group, members=None, timeout_s=None, wire=None, name="naive 
                  for k, dst in enumerate(ring[1:], 1)}
         sends = [(dst, isend(payload, group, dst, whats[dst])) for dst in ring[1:]]
         for dst, w in sends:
-            wait(w, timeout_s, whats[dst])
+            wait(w, timeout_s, whats[dst], flat.is_cuda)
     else:
         buf = flat if wire is None else torch.empty(wire.nbytes(flat.numel()), dtype=torch.uint8, device=flat.device)
         what = _recv_error(name, "step 2/2 (send back)", root, group)
-        wait(irecv(buf, group, root, what), timeout_s, what)
+        wait(irecv(buf, group, root, what), timeout_s, what, flat.is_cuda)
         if wire is not None:
             wire.copy_into(buf, flat)
 
@@ -82,10 +82,10 @@ def all_gather(payload, buf, stride: int, group=None, timeout_s=None) -> list:
     if r == 0:
         for src in ring[1:]:
             what = _recv_error(name, f"step 1/2 ({src}/{len(ring) - 1})", src, group)
-            wait(irecv(slots[src], group, src, what), timeout_s, what)
+            wait(irecv(slots[src], group, src, what), timeout_s, what, buf.is_cuda)
     else:
         what = _send_error(name, "step 1/2", 0, group)
-        wait(isend(slots[r], group, 0, what), timeout_s, what)
+        wait(isend(slots[r], group, 0, what), timeout_s, what, buf.is_cuda)
     send_back(buf, group, None, timeout_s, name=name)
     return slots
 

@@ -78,8 +78,29 @@ def one_line(e) -> str:
     return str(e).splitlines()[0] if str(e) else repr(e)
 
 
-def wait(work, timeout_s, what) -> None:
+def exchange(send, recv, group, what) -> tuple:
+    """`send` (tensor, group rank) and `recv` (tensor, group rank), either None, posted as one batch; returns
+    (works to wait for the send, works to wait for the receive), each to be waited for once (gloo's wait counts
+    completions: a second wait waits for a second message). NCCL runs a rank's point-to-point operations one
+    after another on one stream, in the order posted: a receive posted alone waits for a peer whose send sits
+    behind that peer's own receive, and a ring of such ranks never moves. Posted together, they run at once."""
+    ops = ([dist.P2POp(dist.isend, send[0], group=group, group_peer=send[1])] if send else []) + (
+        [dist.P2POp(dist.irecv, recv[0], group=group, group_peer=recv[1])] if recv else [])
     try:
-        work.wait(timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
+        works = dist.batch_isend_irecv(ops) if ops else []
+    except Exception as e:
+        raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e
+    if len(works) == len(ops):  # one work per operation (gloo)
+        return works[:bool(send)], works[bool(send):]
+    return ([], works) if recv else (works, [])  # NCCL: one work for the batch, waited for with the receive
+
+
+def wait(work, timeout_s, what, cuda: bool = False) -> None:
+    """Wait for `work`; a timeout or a closed peer becomes an error in `what`'s words. `cuda`: its tensors are on
+    a GPU, where NCCL's wait with a timeout would block the host until the device is done; without one the
+    current stream waits, the host goes on, and a dead peer is left to the process group's own timeout (set
+    from the same parallel.timeout_s)."""
+    try:
+        work.wait() if cuda else work.wait(timedelta(seconds=timeout_s or DEFAULT_TIMEOUT_S))
     except Exception as e:  # gloo raises RuntimeError/DistBackendError on a timeout or a closed peer
         raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e

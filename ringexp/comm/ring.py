@@ -10,7 +10,10 @@ Engineering on top of the textbook version:
   forwarded as soon as it is reduced, not when its whole step is done (no barrier per step), and up to
   `depth` receives are posted ahead, so sending, receiving and adding overlap;
 - receive buffers for the reduce-scatter are allocated once per thread and reused;
-- every wait has a timeout and names the phase, step and peer.
+- every wait has a timeout and names the phase, step and peer;
+- on GPUs (NCCL), where a rank's point-to-point operations run one after another in the order posted, each
+  (step, segment)'s receive goes out in one batch with its send, and nothing is posted ahead: the kernels queue
+  on the device while the host goes on (ringexp.comm.p2p.exchange).
 """
 
 import math
@@ -18,7 +21,7 @@ import math
 import torch
 
 from ringexp.comm.buffers import scratch
-from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
+from ringexp.comm.p2p import exchange, finish, global_rank, irecv, isend, members_of, wait, work_copy
 
 # Segment size when none is given: half a chunk (two segments in flight, as gloo's own ring does), but at least
 # MIN_AUTO (each message costs a rendezvous and wake-ups: 256 KiB segments were 2x slower at 1-64 MB) and at
@@ -27,7 +30,8 @@ from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait
 MIN_AUTO, MAX_AUTO = 1 << 20, 16 << 20
 DEPTH = 4  # receives posted ahead of the one being reduced (2 was 10-20% slower at 16-256 MB, 8 no better)
 
-OPTIONS = ("segment_bytes", "timeout_s", "wire", "divisor")  # all_reduce's options (ringexp.comm refuses others)
+# all_reduce's options (ringexp.comm refuses others)
+OPTIONS = ("segment_bytes", "timeout_s", "wire", "divisor", "paired")
 
 
 def chunk_bounds(numel: int, n: int) -> list:
@@ -46,7 +50,7 @@ def _buffers(numel: int, dtype, device) -> list:
     return [scratch(f"ring-receive-{i}", numel, dtype, device) for i in range(DEPTH)]
 
 
-def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None, divisor=None) -> None:
+def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None, divisor=None, paired=None) -> None:
     """Run ring steps `steps` (a range within 0 .. 2n-3) over all segments as one pipeline.
 
     Steps 0 .. n-2 are the reduce-scatter, n-1 .. 2n-3 the all-gather. In both, step s sends chunk r - s
@@ -61,20 +65,34 @@ def _pipeline(flat, group, members, seg, steps, timeout_s, wire=None, divisor=No
 
     `members`: the ranks of `group` that form the ring, in ring order (None: all of them). `divisor`: each
     segment's finished sum is divided by it right after its last add, before the all-gather sends it on (a rank
-    divides the 1/n it finishes, not the whole buffer: a DDP hook's mean costs no pass of its own)."""
+    divides the 1/n it finishes, not the whole buffer: a DDP hook's mean costs no pass of its own).
+
+    `paired` (default: on CUDA tensors) posts each operation's receive with its send as one batch, in the same
+    order on every rank, as NCCL needs; otherwise receives go `DEPTH` ahead (what gloo needs to go fast)."""
     p = _Pipeline(flat, group, members, seg, steps, timeout_s, wire, divisor)
-    for i in range(min(DEPTH, len(p.ops))):
-        p.post(i)
-    for j in range(p.nseg):  # the first step sends data that is ready now
-        p.send(steps[0], j)
-    for i, (s, j) in enumerate(p.ops):
-        p.receive(i)
-        if i + DEPTH < len(p.ops):
-            p.post(i + DEPTH)
-        if s + 1 in steps:
-            p.send(s + 1, j)
-    for work, _payload in p.sends:
-        wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, p.right)} did not take our data")
+    if flat.is_cuda if paired is None else paired:
+        # Every receive is taken (on a GPU: its add queued behind its batch, the host going on) before the next
+        # batch: what a step sends arrived in the step before, and one receive buffer in use at a time.
+        for i in range(len(p.ops)):
+            if i:
+                p.receive(i - 1)
+            p.exchange(i)
+        p.receive(len(p.ops) - 1)
+    else:
+        for i in range(min(DEPTH, len(p.ops))):
+            p.post(i)
+        for j in range(p.nseg):  # the first step sends data that is ready now
+            p.send(steps[0], j)
+        for i, (s, j) in enumerate(p.ops):
+            p.receive(i)
+            if i + DEPTH < len(p.ops):
+                p.post(i + DEPTH)
+            if s + 1 in steps:
+                p.send(s + 1, j)
+    for works, _payload in p.sends:
+        for work in works:
+            wait(work, timeout_s, f"ring all-reduce: rank {global_rank(group, p.right)} did not take our data",
+                 flat.is_cuda)
 
 
 class _Pipeline:
@@ -109,11 +127,12 @@ class _Pipeline:
         i = k * self.nseg + j
         return self.arena[i * self.slot_bytes:(i + 1) * self.slot_bytes]
 
-    def post(self, i) -> None:
+    def incoming(self, i):
+        """(where operation i's segment lands, where it belongs), or None where its chunk has no such segment."""
         s, j = self.ops[i]
         dst = self.view(self.r - s - 1, j)
         if dst is None:
-            return
+            return None
         # All-gather receives go straight into place. Our reduce-scatter send from that region may still
         # be in flight, but that is safe: the finished sum that arrives there includes what we sent, so it
         # cannot reach us before the right neighbour has received all of our send.
@@ -122,16 +141,34 @@ class _Pipeline:
             into = self.bufs[i % DEPTH][: dst.numel()] if reduce else dst
         else:
             into = (self.bufs[i % DEPTH] if reduce else self.slot(s + 1, j))[:self.wire.nbytes(dst.numel())]
-        work = irecv(into, self.group, self.left, lambda: self.where(s, j, "nothing from", self.left))
-        self.pending[i] = (work, dst, into)
+        return into, dst
+
+    def post(self, i) -> None:
+        if (landing := self.incoming(i)) is not None:
+            s, j = self.ops[i]
+            work = irecv(landing[0], self.group, self.left, lambda: self.where(s, j, "nothing from", self.left))
+            self.pending[i] = ([work], landing[1], landing[0])
+
+    def exchange(self, i) -> None:
+        """Operation i's send and receive as one batch (NCCL's order: see _pipeline)."""
+        s, j = self.ops[i]
+        landing, payload = self.incoming(i), self.outgoing(s, j)
+        sent, received = exchange(None if payload is None else (payload, self.right),
+                                  None if landing is None else (landing[0], self.left), self.group,
+                                  lambda: self.where(s, j, "cannot exchange with", self.left))
+        if landing is not None:
+            self.pending[i] = (received, landing[1], landing[0])
+        if payload is not None:
+            self.sends.append((sent, payload))
 
     def receive(self, i) -> None:
         """Wait for operation i's segment; add it (reduce-scatter) or take it (all-gather)."""
         if i not in self.pending:
             return
         (s, j), n, wire = self.ops[i], self.n, self.wire
-        work, dst, into = self.pending.pop(i)
-        wait(work, self.timeout_s, lambda: self.where(s, j, "nothing from", self.left))
+        works, dst, into = self.pending.pop(i)
+        for work in works:
+            wait(work, self.timeout_s, lambda: self.where(s, j, "nothing from", self.left), dst.is_cuda)
         if s < n - 1:
             dst.add_(into) if wire is None else wire.add_into(into, dst)
             if s == n - 2 and self.divisor is not None:  # this segment of our chunk is complete
@@ -142,9 +179,15 @@ class _Pipeline:
                 self.received[(s, j)] = into
 
     def send(self, s, j) -> None:
+        if (payload := self.outgoing(s, j)) is not None:
+            work = isend(payload, self.group, self.right, lambda: self.where(s, j, "cannot send to", self.right))
+            self.sends.append(([work], payload))
+
+    def outgoing(self, s, j):
+        """What step s sends of segment j (encoded on the wire path), or None where its chunk has no such segment."""
         src = self.view(self.r - s, j)
         if src is None:
-            return
+            return None
         wire = self.wire
         if wire is None:
             payload = src
@@ -155,8 +198,7 @@ class _Pipeline:
             wire.copy_into(payload, src)
         else:  # the all-gather forwards what it received
             payload = self.received.pop((s - 1, j))
-        work = isend(payload, self.group, self.right, lambda: self.where(s, j, "cannot send to", self.right))
-        self.sends.append((work, payload))
+        return payload
 
     def where(self, s, j, what: str, peer: int) -> str:
         """Which step and segment of which phase, and the peer: what a failure message says."""
@@ -176,23 +218,27 @@ def _segment(flat, n: int, segment_bytes) -> int:
     return max(1, segment_bytes // flat.element_size())
 
 
-def reduce_scatter(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None) -> int:
+def reduce_scatter(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None,
+                   paired=None) -> int:
     """Sum `flat` over the ring so that this rank holds the full sum of one chunk; returns its index."""
     ring, r = members_of(group, members)
     n = len(ring)
-    _pipeline(flat, group, ring, _segment(flat, n, segment_bytes), range(n - 1), timeout_s, wire)
+    _pipeline(flat, group, ring, _segment(flat, n, segment_bytes), range(n - 1), timeout_s, wire, paired=paired)
     return (r + 1) % n
 
 
-def all_gather(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None) -> None:
+def all_gather(flat, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None,
+               paired=None) -> None:
     """The inverse: every rank holds the finished chunk reduce_scatter left it; afterwards, all chunks."""
     n = len(members_of(group, members)[0])
-    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(n - 1, 2 * n - 2), timeout_s, wire)
+    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(n - 1, 2 * n - 2), timeout_s, wire,
+              paired=paired)
 
 
 def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None, members=None, divisor=None,
-               **_options):
-    """Sum `tensor` in place over the ring; with `divisor`, the sum divided by it (the world size: the mean)."""
+               paired=None, **_options):
+    """Sum `tensor` in place over the ring; with `divisor`, the sum divided by it (the world size: the mean).
+    `paired`: NCCL's schedule (see _pipeline; default: on CUDA tensors), which gloo runs too."""
     n = len(members_of(group, members)[0])
     if tensor.numel() == 0:
         return tensor
@@ -201,7 +247,8 @@ def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None
             tensor.detach().div_(divisor)
         return tensor
     flat = work_copy(tensor)
-    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(2 * n - 2), timeout_s, wire, divisor)
+    _pipeline(flat, group, members, _segment(flat, n, segment_bytes), range(2 * n - 2), timeout_s, wire, divisor,
+              paired)
     return finish(tensor, flat)
 
 

@@ -29,10 +29,14 @@ def in_order(hook):
     thread that finished the previous all-reduce, so one rank may post bucket 1's first all-reduce before bucket
     0's P while another posts them the other way round: a collective mismatch (seen on the local cluster with
     ResNet-18's two buckets, "Received data size doesn't match expected size", and a crash). With NCCL the
-    callbacks run as the work is enqueued, so the previous future is done at once and nothing waits."""
+    callbacks run as the work is enqueued, in order: there torch's hook runs as it is. (Chaining there would be
+    wrong twice over: a CUDA future's callbacks run on a pool stream that has not waited for the next bucket's
+    gradients, and a plain future's result would reach DDP without the device having finished.)"""
     last = [None]
 
     def ordered(state, bucket):
+        if bucket.buffer().is_cuda:
+            return hook(state, bucket)
         out = torch.futures.Future()
 
         def start(_=None):

@@ -18,8 +18,10 @@ def nbytes(numel: int, c, ctx) -> int:
 
 
 def indices(numel: int, ctx, device):
-    g = torch.Generator().manual_seed(1_000_003 * ctx.step + ctx.bucket)  # same on every rank
-    return torch.randperm(numel, generator=g)[: k_of(numel, ctx)].to(device)
+    """Drawn on `device` (the same kind on every rank of a job), so that a GPU neither waits for the CPU's
+    permutation nor copies it over."""
+    g = torch.Generator(device).manual_seed(1_000_003 * ctx.step + ctx.bucket)  # same on every rank
+    return torch.randperm(numel, generator=g, device=device)[: k_of(numel, ctx)]
 
 
 def encode(x, c, ctx):

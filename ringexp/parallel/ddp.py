@@ -37,7 +37,7 @@ class DDPStrategy(Strategy):
         `timer`: every bucket's all-reduce is reported to it (builtin too, through the same hook DDP's C++
         reducer runs by default). `example`: a batch with which DDP settles its buckets (settle_buckets)."""
         p, env = self.cfg.parallel, self.env
-        ddp = DDP(model.to(env.device), device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        ddp = DDP(model.to(env.device), device_ids=[env.device] if env.device.type == "cuda" else None,
                   bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
                   static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
         if example is not None:

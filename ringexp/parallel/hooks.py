@@ -17,12 +17,14 @@ are made by `start()`, which the first bucket calls if nobody did before, on eve
 """
 
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from ringexp import comm, compress
 from ringexp import dist as rdist
+from ringexp.comm.p2p import DEFAULT_TIMEOUT_S
 from ringexp.config import CompressionConfig
 
 COMPRESSIONS = tuple(n for n in compress.COMPRESSORS if n not in ("none", "powersgd"))  # what the hook takes
@@ -49,7 +51,10 @@ class CommState:
         rank of the job to take part)."""
         if self.executor is not None:
             return
-        self.group = dist.new_group(backend=dist.get_backend()) if self.parent is None else self.parent
+        # (the collectives' own timeout: on NCCL a dead peer is caught by the group's, not by a wait's)
+        timeout = timedelta(seconds=self.options.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        self.group = dist.new_group(backend=dist.get_backend(), timeout=timeout) if self.parent is None else \
+            self.parent
         self.world = dist.get_world_size(self.group)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ringexp-{self.algorithm}")
         self.failed = None
@@ -129,9 +134,10 @@ def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **optio
     impl = comm.ALGORITHMS.get(algorithm)
     if impl is None:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(comm.ALGORITHMS)}")
-    unknown = sorted(o for o in options if o not in impl.OPTIONS or o in ("wire", "divisor"))
+    internal = ("wire", "divisor", "paired")  # the compressor's, the hook's own mean, the device's schedule
+    unknown = sorted(o for o in options if o not in impl.OPTIONS or o in internal)
     if unknown:
-        takes = ", ".join(o for o in impl.OPTIONS if o not in ("wire", "divisor")) or "none"
+        takes = ", ".join(o for o in impl.OPTIONS if o not in internal) or "none"
         raise TypeError(f"{algorithm}: no option {unknown[0]!r} (it takes {takes}; a wire format comes from "
                         "compression=, and the hook averages by itself)")
     state = compressor(compression, algorithm)
