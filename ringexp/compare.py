@@ -127,9 +127,15 @@ def table(runs, baseline: str | None = None):
             "final AUROC": s["final"].get("auroc_macro"), "best AUROC": s["best"].get("auroc_macro"),
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
-            "verdict": t.get("verdict"),
+            "verdict": t.get("verdict"), "backend env": backend_env(s),
         } | predicted(run, clusters))
     return rows, failed, base
+
+
+def backend_env(summary) -> str:
+    """The backend's variables a run had in force (ringexp.backend), as KEY=value ..., its NCCL log file left out."""
+    be = summary.get("backend_env") or {}
+    return " ".join(f"{k}={v}" for k, v in be.get("env", {}).items() if be.get("from", {}).get(k) != "ringexp") or "-"
 
 
 def calibrations() -> dict:
@@ -192,7 +198,10 @@ def fmt(key: str, value) -> str:
 
 
 def columns(rows) -> list:
-    return HEAD + (PREDICTED if any("predicted step ms" in r for r in rows) else [])
+    """HEAD, the backend's variables where the runs differ in them, the predictions where there are any."""
+    differ = len({r.get("backend env") for r in rows}) > 1
+    return HEAD + (["backend env"] if differ else []) + (PREDICTED if any("predicted step ms" in r for r in rows)
+                                                         else [])
 
 
 def markdown(rows, failed, base) -> str:

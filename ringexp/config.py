@@ -247,6 +247,49 @@ class LauncherConfig:
         need(self.max_restarts >= 0, "launcher.max_restarts", self.max_restarts, "must be >= 0")
 
 
+# What the backend group may set: the communication backends' and torch.distributed's own variables
+BACKEND_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_GLOO_", "TORCH_DISTRIBUTED_", "UCC_", "TORCH_UCC_")
+# Values NCCL documents for the variables ringexp checks (docs.nvidia.com, NCCL's environment variables); NCCL_ALGO
+# and NCCL_PROTO take a comma-separated list, "^" in front excludes it instead, and "func:list;..." per collective.
+NCCL_CHOICES = {"NCCL_ALGO": ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"),
+                "NCCL_PROTO": ("ll", "ll128", "simple"),
+                "NCCL_DEBUG": ("version", "warn", "info", "abort", "trace")}
+NCCL_COUNTS = ("NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+
+
+@dataclass
+class BackendConfig:
+    """Environment variables of the communication backend, set in every worker before its process group starts
+    (ringexp.backend); a variable already in the environment is kept unless this sets it."""
+    name: str = "default"
+    env: Dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for key, value in self.env.items():
+            need(key.startswith(BACKEND_PREFIXES), f"backend.env.{key}", value,
+                 f"not a communication backend variable (only {', '.join(p + '*' for p in BACKEND_PREFIXES)})")
+            if key in NCCL_CHOICES:
+                bad = nccl_list_error(key, str(value))
+                need(not bad, f"backend.env.{key}", value, bad)
+            if key in NCCL_COUNTS:
+                need(str(value).isdigit() and int(value) >= 1, f"backend.env.{key}", value, "must be an integer >= 1")
+
+
+def nccl_list_error(key: str, value: str) -> str:
+    """What NCCL would refuse in `value` for `key` (a level for NCCL_DEBUG; lists for NCCL_ALGO and NCCL_PROTO),
+    or ''."""
+    choices = NCCL_CHOICES[key]
+    if key == "NCCL_DEBUG":
+        return "" if value.lower() in choices else f"choose one of {', '.join(c.upper() for c in choices)}"
+    for part in value.split(";"):
+        names = part.split(":", 1)[-1].lstrip("^").split(",")
+        wrong = [n for n in names if n.strip().lower() not in choices]
+        if wrong:
+            return (f"{wrong[0].strip()!r} is not one of NCCL's {', '.join(choices)} (a comma-separated list; "
+                    "^ in front excludes)")
+    return ""
+
+
 @dataclass
 class CheckpointConfig:
     every_steps: int = 0  # 0: only at the end
@@ -268,6 +311,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # null: a fresh run; auto: continue from the newest complete checkpoint in the run directory (if any);

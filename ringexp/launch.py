@@ -16,8 +16,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ringexp import backend, stop
 from ringexp import dist as rdist
-from ringexp import stop
 from ringexp.config import Device
 from ringexp.errors import PeerLost, one_line, peer_lost
 from ringexp.trainer import Trainer
@@ -145,17 +145,26 @@ def run_worker(cfg, run_dir, meta):
 
 
 def train_rank(cfg, run_dir, meta):
+    in_force = backend.apply(cfg.backend)  # before the process group: the backends read it as they start
     env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker, cfg.parallel.timeout_s)
     try:
         # Ranks started by an external torchrun each composed the config; rank 0 alone made the run dir.
         shared = [run_dir, meta]
+        everyone = [in_force]
         if env.world_size > 1:
             dist.broadcast_object_list(shared, src=0)
+            everyone = [None] * env.world_size
+            dist.all_gather_object(everyone, in_force)
         run_dir, meta = Path(shared[0]), shared[1]
         handler = logging.FileHandler(run_dir / f"rank{env.rank}.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        ignored = backend.no_effect(in_force["env"], env.backend)
+        meta = meta | {"backend_env": {"preset": cfg.backend.name} | backend.agreed(everyone)
+                       | {"no_effect": ignored}}
+        if ignored and env.is_main:
+            log.warning("%s: no effect on %s (set for the other backend)", ", ".join(ignored), env.backend)
         if env.world_size > 1:
             rdist.share_addresses(env)
         return Trainer(cfg, env, run_dir, meta).train()

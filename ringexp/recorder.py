@@ -186,6 +186,8 @@ class Recorder:
             "name": meta["name"], "group": meta["group"], "job_type": meta["job_type"],
             "strategy": str(cfg.parallel.strategy), "choices": meta["choices"], "overrides": meta["overrides"],
             "world_size": env.world_size, "device": str(env.device), "backend": env.backend, **rdist.topology(env),
+            # the backend's variables in force in the workers (ringexp.backend), and where each came from
+            "backend_env": meta.get("backend_env"),
             "steps": cfg.steps, "global_batch_size": self.global_batch, "accumulation_steps": cfg.accumulation.steps,
             # Median and spread of global samples/s over the steady intervals between rows (warm-up steps left out).
             "throughput": spread([self.global_batch / t for t in times])

@@ -10,16 +10,18 @@ logged steps only.
 
 import logging
 import os
+import shutil
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from functools import partial
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map_only
 
-from ringexp import checkpoint, parallel, profiling, stop
+from ringexp import backend, checkpoint, parallel, profiling, stop
 from ringexp import dist as rdist
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
@@ -227,4 +229,24 @@ class Trainer:
                  "checkpoint": str(self.saved) if self.saved else None,
                  "resumed_from": {"checkpoint": str(self.ckpt), "step": self.start, "skipped": self.skipped}
                  if self.ckpt else None}
+        if self.recorder.meta.get("backend_env"):
+            extra["backend_env"] = self.recorder.meta["backend_env"] | {"nccl_chose": self.nccl_chose()}
         return self.recorder.finish(self.state, extra, self.profile)
+
+    def nccl_chose(self):
+        """How often NCCL logged choosing each algorithm/protocol, over all ranks (collective); None where its log
+        (NCCL_DEBUG, in force alike on every rank) was not on."""
+        if self.env.backend != "nccl" or not self.recorder.meta["backend_env"]["env"].get("NCCL_DEBUG"):
+            return None
+        log_file = os.environ.get("NCCL_DEBUG_FILE", "")
+        everyone = [backend.nccl_chose(log_file)] * self.env.world_size
+        if Path(log_file).is_file():  # beside the run's other logs (best effort: a node may not see the run dir)
+            with suppress(OSError):
+                shutil.copyfile(log_file, self.run_dir / f"nccl-rank{self.env.rank}.log")
+        if self.env.world_size > 1:
+            dist.all_gather_object(everyone, everyone[0])
+        total = {}
+        for counts in everyone:
+            for choice, n in counts.items():
+                total[choice] = total.get(choice, 0) + n
+        return dict(sorted(total.items(), key=lambda kv: -kv[1]))

@@ -4,7 +4,8 @@ Every row is a check, its result and its figure; on a machine without the GPUs a
 "skipped" and why. Rows:
 - the `gpu`-marked tests (tests/test_gpu.py);
 - training runs on CUDA: the default experiment, model=resnet18 with amp=bf16 and amp=fp16 (GradScaler),
-  +parallel=fsdp_bf16 (2 GPUs), and a profile.enabled=true run whose trace must hold CUDA kernels;
+  +parallel=fsdp_bf16 (2 GPUs), backend=nccl_debug (2 GPUs: the algorithm and protocol NCCL logged choosing), and a
+  profile.enabled=true run whose trace must hold CUDA kernels;
 - ResNet-50 (bf16 autocast, channels_last, synthetic data, batch 256): ringexp's loop against a plain PyTorch
   loop on the same GPU (scripts/bench_overhead.py, target >= 0.97), and images/s against NVIDIA's published
   single-GPU figure (DeepLearningExamples ResNet-50 v1.5, AMP: 2,470 images/s on one A100-80GB);
@@ -78,6 +79,11 @@ def training_runs(out: Path) -> None:
     for amp in ("bf16", "fp16"):
         train(f"resnet18 amp={amp}", out, "model=resnet18", f"amp={amp}", "steps=60")
     train("+parallel=fsdp_bf16", out, "+parallel=fsdp_bf16", "steps=60", gpus=2)
+    got = train("backend=nccl_debug (NCCL's log)", out, "backend=nccl_debug", "steps=12", gpus=2)
+    if got:  # NCCL logs a choice only for a collective of 2 ranks or more (one rank copies)
+        chose = got["summary"]["backend_env"]["nccl_chose"]
+        row("NCCL's algorithm/protocol, from its log", "ok" if chose else "none logged",
+            ", ".join(f"{k}: {n}" for k, n in (chose or {}).items()) or "no 'Best tuning' lines (NCCL too old?)")
     got = train("profile.enabled=true", out, "profile.enabled=true", "steps=12")
     if got:
         traces = list(got["dir"].glob("trace_rank*.json"))

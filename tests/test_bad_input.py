@@ -49,6 +49,13 @@ CASES = {
     "profile past the end": (lambda f: ["steps=10", "profile.enabled=true", "profile.start_step=9"],
                              "runs past the last step"),
     "cuda without GPUs": (lambda f: ["launcher.device=cuda"], "no GPU is visible"),
+    "a variable no backend reads": (lambda f: ["+backend.env.LD_PRELOAD=/x.so"],
+                                    "backend.env.LD_PRELOAD=/x.so: not a communication backend variable"),
+    "an NCCL_ALGO NCCL refuses": (lambda f: ["backend=nccl_ring_simple", "backend.env.NCCL_ALGO=Rign"],
+                                  "backend.env.NCCL_ALGO=Rign: 'Rign' is not one of NCCL's"),
+    "an NCCL_PROTO NCCL refuses": (lambda f: ["+backend.env.NCCL_PROTO=LL256"], "'LL256' is not one of NCCL's"),
+    "a socket count of 0": (lambda f: ["backend=nccl_sockets", "backend.env.NCCL_NSOCKS_PERTHREAD=0"],
+                            "NCCL_NSOCKS_PERTHREAD=0: must be an integer >= 1"),
     "image folder missing": (lambda f: ["data=image_folder", f"data.root={f}/nope"], "image folder not found"),
     "image folder empty": (lambda f: ["data=image_folder", f"data.root={f}"], "holds no images"),
     "csv too short for a batch": (lambda f: ["data=image_folder", f"data.root={f}"],  # 24 images, batch 32
@@ -88,7 +95,8 @@ def test_ringexp_validation_errors_are_one_short_line(case, tmp_path, image_fold
     assert words in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 400, str(e.value)
 
 
-@pytest.mark.parametrize("case", ["nodes do not divide workers", "cuda without GPUs", "csv bad value"])
+@pytest.mark.parametrize("case", ["nodes do not divide workers", "cuda without GPUs", "csv bad value",
+                                  "a variable no backend reads", "an NCCL_ALGO NCCL refuses"])
 def test_the_cli_prints_a_validation_error_as_one_line_exit_2_and_writes_nothing_else(case, tmp_path, image_folder):
     if case == "cuda without GPUs" and torch.cuda.is_available():
         pytest.skip("a GPU is visible here")
@@ -109,6 +117,7 @@ COMPOSITION = [
     (["+parallel=nope"], "Available options in 'parallel'"),
     (["amp=fp32"], "Available options in 'amp'"),
     (["compression=zip"], "Available options in 'compression'"),
+    (["backend=nccl_nosuch"], "Available options in 'backend'"),
     (["parallel.bucket_cap=5"], "parallel.bucket_cap"),
     (["steps=many"], "steps=many"),
     (["amp.mode=fp8"], "fp8"),

@@ -81,24 +81,34 @@ def test_collectives_equal_builtin_across_the_node_boundary(two_nodes, tmp_path)
 
 def test_a_training_job_spans_the_nodes_through_torchrun(two_nodes, tmp_path):
     r = cluster("torchrun", "--nproc-per-node", "2", "--", "-m", "ringexp.train", *TINY,
-                "steps=6", "+parallel=hierarchical", "parallel.nodes=4", "logger=none",
+                "steps=6", "+parallel=hierarchical", "parallel.nodes=4", "logger=none", "backend=nccl_sockets",
                 f"hydra.run.dir={tmp_path / 'run'}")  # (4 nodes of the 4-rank job: valid for the job's real world)
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(tmp_path / "run")
     assert (s["status"], s["world_size"], s["nodes"], s["ranks_per_node"]) == ("completed", 4, 2, 2), s
+    assert_backend_env_on_every_node(s["backend_env"])
+
+
+def assert_backend_env_on_every_node(be):
+    """The config's variables and each node's own GLOO_SOCKET_IFNAME (set by the cluster), read back from all
+    4 ranks on both nodes."""
+    assert be["ranks"] == 4 and "differs" not in be, be
+    assert be["env"]["NCCL_NSOCKS_PERTHREAD"] == "4" and be["from"]["NCCL_NSOCKS_PERTHREAD"] == "config", be
+    assert be["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and be["from"]["GLOO_SOCKET_IFNAME"] == "environment", be
 
 
 def test_a_sweep_spans_the_nodes_through_slurm(two_nodes, tmp_path):
     sweep = tmp_path / "sweep"
     r = subprocess.run([sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=6", "logger=none",
-                        "+parallel=hierarchical", "hydra/launcher=slurm", "hydra.launcher.nodes=2",
-                        "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"],
+                        "+parallel=hierarchical", "backend=nccl_sockets", "hydra/launcher=slurm",
+                        "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, **SLURM_ENV})
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(sweep / "0")
     assert (s["status"], s["world_size"], s["nodes"], s["ranks_per_node"]) == ("completed", 4, 2, 2), s
     assert s["link"] == "none"  # the link as the cluster's TaskProlog told every task
+    assert_backend_env_on_every_node(s["backend_env"])
 
 
 def test_the_bench_runs_across_the_nodes_and_says_where(two_nodes, tmp_path):

@@ -27,7 +27,8 @@ def test_a_sweep_runs_on_slurm_with_one_rank_per_task(tmp_path, slurm):
     sweep = tmp_path / "sweep"
     # int8 for all three: the fsdp job is given a compressor FSDP cannot take, and fails inside its Slurm job
     cmd = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "logger=none", "+parallel=ddp,ring,fsdp",
-           "compression=int8", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
+           "compression=int8", "backend=gloo_loopback", "hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2",
+           f"hydra.sweep.dir={sweep}"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=slurm)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (sweep / ".submitit").is_dir()  # really went through submitit
@@ -35,6 +36,8 @@ def test_a_sweep_runs_on_slurm_with_one_rank_per_task(tmp_path, slurm):
     for i, s in enumerate(summaries[:2]):
         assert s["status"] == "completed" and s["world_size"] == 2, s
         assert s["strategy"] == ["ddp", "ring"][i] and s["compression"]["name"] == "int8"
+        # the backend group's variable, read back from both Slurm tasks
+        assert s["backend_env"]["env"]["GLOO_SOCKET_IFNAME"] == "lo" and s["backend_env"]["ranks"] == 2, s
         # both Slurm tasks were ranks of one job: each wrote its log, rank 0 the records
         assert (sweep / str(i) / "rank0.log").exists() and (sweep / str(i) / "rank1.log").exists()
         rows = read_rows(sweep / str(i))

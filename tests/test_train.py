@@ -108,14 +108,18 @@ def test_image_folder_data(tmp_path, tiny, image_folder):
 def test_external_torchrun_agrees_on_one_run_directory(tmp_path, tiny):
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
               "-m", "ringexp.train"]
-    r = subprocess.run([*prefix, *tiny, "logger.mode=disabled"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=180)
+    r = subprocess.run([*prefix, *tiny, "logger.mode=disabled", "backend=gloo_loopback"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
     assert len(runs) == 1, runs
     s = read_summary(runs[0])
     assert s["world_size"] == 2 and s["status"] == "completed"
     assert sorted(p.name for p in runs[0].glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    # the backend group's variable, read back from both torchrun ranks
+    be = s["backend_env"]
+    assert be["env"]["GLOO_SOCKET_IFNAME"] == "lo" and be["from"]["GLOO_SOCKET_IFNAME"] == "config", be
+    assert be["ranks"] == 2 and "differs" not in be, be
 
 
 @pytest.mark.slow

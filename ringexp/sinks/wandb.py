@@ -37,7 +37,8 @@ def init(cfg: dict, run_dir, meta, mode: str, run_id=None):
         project=cfg["logger"]["project"], entity=cfg["logger"]["entity"], dir=str(run_dir),
         mode=mode, group=meta["group"], job_type=meta["job_type"], name=meta["name"],
         id=run_id, resume="allow" if run_id else None,
-        config={**flatten(cfg), **{f"choice.{k}": v for k, v in meta["choices"].items()}},
+        config={**flatten(cfg), **{f"choice.{k}": v for k, v in meta["choices"].items()},
+                **{f"backend_env.{k}": v for k, v in (meta.get("backend_env") or {}).get("env", {}).items()}},
         settings=wandb.Settings(console="off", silent=True, init_timeout=cfg["logger"]["init_timeout_s"]),
     )
     run.define_metric("val/auroc_macro", summary="max")
