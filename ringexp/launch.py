@@ -160,11 +160,8 @@ def train_rank(cfg, run_dir, meta):
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-        ignored = backend.no_effect(in_force["env"], env.backend)
         meta = meta | {"backend_env": {"preset": cfg.backend.name} | backend.agreed(everyone)
-                       | {"no_effect": ignored}}
-        if ignored and env.is_main:
-            log.warning("%s: no effect on %s (set for the other backend)", ", ".join(ignored), env.backend)
+                       | {"no_effect": backend.no_effect(in_force["env"], env.backend)}}
         if env.world_size > 1:
             rdist.share_addresses(env)
         return Trainer(cfg, env, run_dir, meta).train()

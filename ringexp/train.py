@@ -22,8 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from ringexp import checkpoint, records
-from ringexp.config import CONF_DIR, plain
+from ringexp import backend, checkpoint, records
+from ringexp.config import CONF_DIR, Device, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import launch, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
@@ -57,6 +57,10 @@ def prepare(cfg, run_dir: Path):
     if held and not resume_mode(config):  # appending to another run's records would mix two runs
         raise RunDirTaken(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or pick "
                           "another hydra.run.dir")
+    ignored = backend.no_effect(config.backend.env, "gloo" if config.launcher.device == Device.cpu else "nccl")
+    if ignored:  # a sweep may mean it (the same presets on CPU and GPU): say so, do not refuse
+        print_warning(f"backend.env: {', '.join(ignored)}: no effect on "
+                      f"{'gloo (a CPU run)' if config.launcher.device == Device.cpu else 'NCCL (a GPU run)'}")
     ckpt, skipped = checkpoint.find(config.resume, run_dir)
     for damaged in skipped:
         print_warning(f"resume: skipping damaged checkpoint {damaged}; continuing from {ckpt.name}")

@@ -74,6 +74,7 @@ def test_a_sweep_records_what_every_worker_had_and_compare_shows_it(tmp_path):
                         "backend=default,nccl_ring_simple", f"hydra.sweep.dir={sweep}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "ringexp: warning: backend.env: NCCL_ALGO, NCCL_PROTO: no effect on gloo (a CPU run)" in r.stderr
     plain, ring = (read_summary(sweep / str(i))["backend_env"] for i in range(2))
     for be in (plain, ring):  # both workers reported it, the same
         assert be["ranks"] == 2 and "differs" not in be and be["nccl_chose"] is None, be

@@ -98,11 +98,12 @@ def test_every_experiment_sweep_composes_job_by_job(experiment):
                 refused.append((overrides, str(e)))
     # the one combination ringexp refuses on purpose: PyTorch's PowerSGD hook runs on DDP's builtin path only
     assert all("powersgd" in str(o) and "+parallel=ring" in o for o, _ in refused), refused
-    assert jobs == {"bucket_sweep": 6, "strategy_matrix": 24, "compression_matrix": 15}[experiment]
+    assert jobs == {"bucket_sweep": 6, "strategy_matrix": 24, "compression_matrix": 15, "backend_matrix": 4,
+                    "backend_gloo": 3}[experiment]
 
 
 IDENTITY = {"model": "name", "data": "name", "compression": "name", "accumulation": "steps", "amp": "mode",
-            "optim": "name", "logger": "mode", "parallel": "strategy"}
+            "optim": "name", "logger": "mode", "parallel": "strategy", "backend": "name"}
 
 
 @pytest.mark.parametrize("name,schema", [("train", TrainConfig), ("bench", BenchConfig)])
