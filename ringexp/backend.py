@@ -61,12 +61,20 @@ def nccl_chose(log_file) -> dict:
     return dict(Counter(f"{a}/{p}" for a, p in CHOICE.findall(text)).most_common())
 
 
+def chosen(record) -> dict:
+    """The variables of a record (`apply`'s, or a summary's backend_env) that the config or the environment set:
+    those ringexp added itself (a log file of each worker's own) left out."""
+    return {k: v for k, v in (record or {}).get("env", {}).items() if record["from"].get(k) != "ringexp"}
+
+
 def agreed(records: list) -> dict:
     """One record from every rank's (`apply`'s, in rank order): the common one, with the ranks that differ from
     rank 0 listed under "differs" (a node whose environment held other values)."""
-    def own(rec):  # (a log file ringexp named is each worker's own)
-        return {k: v for k, v in rec["env"].items() if rec["from"][k] != "ringexp"}
-
     first = records[0]
-    differs = {f"rank {r}": own(rec) for r, rec in enumerate(records) if own(rec) != own(first)}
+    differs = {f"rank {r}": chosen(rec) for r, rec in enumerate(records) if chosen(rec) != chosen(first)}
     return first | {"ranks": len(records)} | ({"differs": differs} if differs else {})
+
+
+def total(counts: list) -> dict:
+    """nccl_chose's counts of every rank, summed, most frequent first."""
+    return dict(sum((Counter(c) for c in counts), Counter()).most_common())

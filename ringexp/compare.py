@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import compress, costmodel, records
+from ringexp import backend, compress, costmodel, records
 from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml
 from ringexp.errors import ConfigError, print_error, print_warning
 from ringexp.models import build_model
@@ -133,9 +133,8 @@ def table(runs, baseline: str | None = None):
 
 
 def backend_env(summary) -> str:
-    """The backend's variables a run had in force (ringexp.backend), as KEY=value ..., its NCCL log file left out."""
-    be = summary.get("backend_env") or {}
-    return " ".join(f"{k}={v}" for k, v in be.get("env", {}).items() if be.get("from", {}).get(k) != "ringexp") or "-"
+    """The backend's variables a run had in force (ringexp.backend), as KEY=value ..."""
+    return " ".join(f"{k}={v}" for k, v in backend.chosen(summary.get("backend_env")).items()) or "-"
 
 
 def calibrations() -> dict:

@@ -245,8 +245,4 @@ class Trainer:
                 shutil.copyfile(log_file, self.run_dir / f"nccl-rank{self.env.rank}.log")
         if self.env.world_size > 1:
             dist.all_gather_object(everyone, everyone[0])
-        total = {}
-        for counts in everyone:
-            for choice, n in counts.items():
-                total[choice] = total.get(choice, 0) + n
-        return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+        return backend.total(everyone)

@@ -63,6 +63,7 @@ def test_nccl_s_choices_are_counted_from_its_log(tmp_path):
                    + "host:1:1 [0] NCCL INFO Best tuning, algorithm, TREE, protocol, LL\n")
     assert backend.nccl_chose(log) == {"RING/SIMPLE": 3, "TREE/LL": 1}
     assert backend.nccl_chose(tmp_path / "none.log") == {}
+    assert backend.total([{"RING/SIMPLE": 3, "TREE/LL": 1}, {"TREE/LL": 4}, {}]) == {"TREE/LL": 5, "RING/SIMPLE": 3}
 
 
 @pytest.mark.slow
