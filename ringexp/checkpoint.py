@@ -39,13 +39,14 @@ def folder(run_dir) -> Path:
 
 
 def complete(run_dir) -> list:
-    """Complete checkpoints of a run directory, oldest first."""
-    found = [p for p in folder(run_dir).glob("step-*") if p.suffix != ".tmp" and (p / "meta.json").is_file()]
+    """Complete checkpoints of a run directory, oldest first (directories of their own, not symlinks to others)."""
+    found = [p for p in folder(run_dir).glob("step-*") if p.suffix != ".tmp" and not p.is_symlink()
+             and (p / "meta.json").is_file()]
     return sorted(found, key=lambda p: p.name)
 
 
 def meta(path) -> dict:
-    return json.loads((Path(path) / "meta.json").read_text())
+    return records.read_json(Path(path) / "meta.json")
 
 
 def find(resume, run_dir) -> tuple:
@@ -66,6 +67,61 @@ def find(resume, run_dir) -> tuple:
     return newest_intact(path, required=True)
 
 
+def held(run_dir) -> list:
+    """What `run_dir` holds of a run already: its rows, its checkpoints, its completed summary."""
+    found = [(records.METRICS, os.path.lexists(Path(run_dir) / records.METRICS)),
+             ("checkpoints", bool(complete(run_dir))), ("summary.json", completed_steps(run_dir) is not None)]
+    return [name for name, there in found if there]
+
+
+def completed_steps(run_dir) -> int | None:
+    """The steps the run in `run_dir` completed, or None when it has not completed (or there is none). ConfigError
+    when its summary.json cannot tell: a run whose records must not be rewritten cannot be told from one that may."""
+    path = Path(run_dir) / records.SUMMARY
+    if not os.path.lexists(path):
+        return None
+    try:
+        summary = records.read_summary(run_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} cannot be read ({e}), so whether the run there completed is unknown; fix or "
+                          "remove it, or pick another hydra.run.dir") from None
+    if not isinstance(summary, dict) or summary.get("status") != "completed":
+        return None
+    if type(summary.get("steps")) is not int or summary["steps"] < 1:
+        raise ConfigError(f"{path} says the run completed but not after how many steps ({summary.get('steps')!r}); "
+                          "fix or remove it, or pick another hydra.run.dir")
+    return summary["steps"]
+
+
+def resumable(mode, run_dir, steps: int) -> tuple:
+    """`find`, then what the continuation would do to the records it writes into, refused (ConfigError) unless it
+    rewrites nothing of a completed run and nothing of another run: only `steps` raised past a completed run's, from
+    the checkpoint at its end, extends it. The rows it continues from must be readable."""
+    ckpt, skipped = find(mode, run_dir)
+    run_dir = Path(run_dir)
+    own = ckpt is None or ckpt.resolve().parent.parent == run_dir.resolve()
+    if not own and held(run_dir):
+        raise ConfigError(f"resume={ckpt} is another run's checkpoint, and {run_dir} already holds a run; resume it "
+                          "into a new hydra.run.dir (its rows up to the checkpoint are copied there)")
+    step = meta(ckpt)["step"] if ckpt else 0
+    done = completed_steps(run_dir)
+    if done is not None:
+        why = (f"it holds no intact checkpoint to continue from{': ' + '; '.join(skipped) if skipped else ''}"
+               if ckpt is None else f"raise steps above {done} to train it further" if steps <= done else
+               f"its newest intact checkpoint is at step {step}: continuing from there would rewrite its records "
+               "(resume=PATH into a new hydra.run.dir continues a copy)" if step < done else "")
+        if why:
+            raise ConfigError(f"{run_dir} holds a completed run of {done} steps; {why}")
+    if step > steps:
+        raise ConfigError(f"resume: {ckpt} is at step {step}, past steps={steps}; set steps={step} or more")
+    if mode:
+        try:
+            records.read_rows(ckpt.parent.parent if ckpt else run_dir)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"resume: {e}; fix or remove the file (the run's rows continue from it)") from None
+    return ckpt, skipped
+
+
 def newest_intact(run_dir, required: bool) -> tuple:
     found, skipped = complete(run_dir), []
     for path in reversed(found):
@@ -83,7 +139,7 @@ def newest_intact(run_dir, required: bool) -> tuple:
 
 
 def digest(path: Path) -> str:
-    with open(path, "rb") as f:
+    with records.open_regular(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -93,30 +149,64 @@ def manifest(path: Path) -> dict:
             for p in sorted(path.iterdir()) if p.is_file() and p.name != "meta.json"}
 
 
+def meta_digest(m: dict) -> str:
+    """meta.json's own checksum: the SHA-256 of its other keys, as canonical JSON."""
+    rest = json.dumps({k: v for k, v in m.items() if k != "sha256"}, sort_keys=True)
+    return hashlib.sha256(rest.encode()).hexdigest()
+
+
+def meta_problem(m) -> str | None:
+    """What makes `m` (a parsed meta.json) no checkpoint's meta as ringexp writes it, or None."""
+    if not isinstance(m, dict) or not isinstance(m.get("fingerprint"), dict):
+        return "is not a checkpoint's meta (no fingerprint)"
+    if m.get("sha256") != meta_digest(m):
+        return "does not match its own SHA-256 (edited, damaged, or written by an older ringexp)"
+    step, world = m.get("step"), m.get("world_size")
+    if type(step) is not int or step < 1 or type(world) is not int or world < 1:
+        return f"holds step={step!r}, world_size={world!r}; both must be whole numbers >= 1"
+    files = m.get("files")
+    if not files:
+        return "lists no files, so none of them can be verified"
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and Path(k).name == k and k not in ("meta.json", ".", "..") and isinstance(v, dict)
+            and type(v.get("bytes")) is int and isinstance(v.get("sha256"), str) for k, v in files.items()):
+        return "has a malformed file list (each file needs its bytes and sha256)"
+    missing = [f"rank{r}.pt" for r in range(world) if f"rank{r}.pt" not in files]
+    if missing:
+        return f"does not list {missing[0]} (world_size={world})"
+    if str(m.get("strategy")) not in parallel.STRATEGIES or not isinstance(m.get("wandb_id"), str | None):
+        return f"names strategy={m.get('strategy')!r}, wandb_id={m.get('wandb_id')!r}"
+    return None
+
+
 def damage(path) -> str | None:
     """What is wrong with a complete checkpoint, as 'file: why', or None if it is intact: meta.json unreadable or
-    not a checkpoint's, a file it lists missing, of another size or checksum. (Checkpoints written before ringexp
-    recorded sizes: every rank's file must be there.)"""
+    not a checkpoint's (ringexp's own checksum), a file it lists missing, not a regular file, of another size or
+    checksum, a file it does not list, or what the strategy that wrote it finds in its own files."""
+    path = Path(path)
     try:
         m = meta(path)
     except (OSError, ValueError) as e:
         return f"meta.json cannot be read ({e})"
-    if not isinstance(m, dict) or not isinstance(m.get("fingerprint"), dict):
-        return "meta.json is not a checkpoint's meta (no fingerprint)"
-    world = m.get("world_size") if isinstance(m.get("world_size"), int) else 0
-    files = m.get("files", {f"rank{r}.pt": {} for r in range(world)})
-    if not isinstance(files, dict) or not all(isinstance(v, dict) and Path(k).name == k for k, v in files.items()):
-        return "meta.json is not a checkpoint's meta (its file list is malformed)"
-    for name, want in files.items():
-        file = Path(path) / name
-        if not file.is_file():
+    problem = meta_problem(m)
+    if problem:
+        return f"meta.json {problem}"
+    extra = sorted({p.name for p in path.iterdir()} - set(m["files"]) - {"meta.json"})
+    if extra:
+        return f"{extra[0]} is not listed in meta.json (added afterwards)"
+    for name, want in m["files"].items():
+        if not os.path.lexists(path / name):
             return f"{name} is missing"
-        size = file.stat().st_size
-        if "bytes" in want and size != want["bytes"]:
-            return f"{name} is {size} bytes, meta.json says {want['bytes']} (cut short or replaced)"
-        if "sha256" in want and digest(file) != want["sha256"]:
-            return f"{name} does not match its SHA-256 in meta.json (damaged or replaced)"
-    return None
+        try:
+            with records.open_regular(path / name) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != want["bytes"]:
+                    return f"{name} is {size} bytes, meta.json says {want['bytes']} (cut short or replaced)"
+                if hashlib.file_digest(f, "sha256").hexdigest() != want["sha256"]:
+                    return f"{name} does not match its SHA-256 in meta.json (damaged or replaced)"
+        except OSError as e:
+            return f"{name} cannot be read ({e.strerror or e})"
+    return parallel.STRATEGIES[m["strategy"]].verify(path)
 
 
 def choose(mode, run_dir, env) -> tuple:
@@ -153,9 +243,10 @@ def check(path, cfg, world_size: int) -> dict:
     for key, value in now.items():
         if key in ADDED_LATER and key not in m["fingerprint"]:  # written before ringexp recorded it
             continue
-        if m["fingerprint"].get(key) != value:
-            raise ConfigError(f"resume: {path} was written with {key}={m['fingerprint'].get(key)}, this run has "
-                              f"{key}={value}; resume with the same setting, or start a new run (resume=null)")
+        saved = m["fingerprint"].get(key)
+        if saved != value:
+            raise ConfigError(f"resume: {path} was written with {key}={str(saved)[:80]}, this run has {key}={value}; "
+                              "resume with the same setting, or start a new run (resume=null)")
     return m
 
 
@@ -226,6 +317,7 @@ def _fresh_dir(tmp: Path) -> None:
 def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
     """Rank 0, once every rank has written: meta.json last, then the rename that makes the checkpoint complete."""
     m["files"] = manifest(tmp)
+    m["sha256"] = meta_digest(m)
     records.write_text(tmp / "meta.json", json.dumps(m, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

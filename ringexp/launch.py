@@ -16,7 +16,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ringexp import backend, stop
+from ringexp import backend, checkpoint, records, stop
 from ringexp import dist as rdist
 from ringexp.config import Device
 from ringexp.errors import PeerLost, one_line, peer_lost
@@ -116,8 +116,33 @@ def answer_wait(error: str, timeout_s: float) -> float:
 
 def run_worker(cfg, run_dir, meta):
     """Entry point of every rank (elastic launch, torchrun or Slurm). Returns rank 0's summary, or
-    stop.INTERRUPTED on every rank when the job was asked to stop (Ctrl-C, SIGTERM: ringexp.stop)."""
+    stop.INTERRUPTED on every rank when the job was asked to stop (Ctrl-C, SIGTERM: ringexp.stop).
+
+    Under an elastic agent (ringexp's launcher, torchrun) a worker whose agent is gone (killed with SIGKILL: the
+    kernel's parent-death signal, SIGINT, stops the training) exits here by itself: torch's wrapper would hand
+    the return value to the dead agent and wait for it to be read, forever."""
     stop.take_over()
+    agent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    try:
+        return attempt(cfg, run_dir, meta)
+    finally:
+        if agent is not None and os.getppid() != agent:
+            orphaned(agent, run_dir)
+
+
+def orphaned(agent: int, run_dir) -> None:
+    """The agent that started this worker is gone: rank 0 says so in summary.json (a completed run's stays), then
+    the worker exits at once."""
+    if os.environ.get("RANK") == "0" and run_dir:
+        kept = checkpoint.complete(run_dir)
+        where = f"resume=auto hydra.run.dir={run_dir} continues from {kept[-1].name}" if kept else \
+            "no checkpoint was written"
+        records.mark_failed(run_dir, f"interrupted: the launcher (pid {agent}) was killed; {where}", "interrupted")
+    logging.shutdown()
+    os._exit(stop.EXIT_CODE)
+
+
+def attempt(cfg, run_dir, meta):
     if stop.requested():  # the launcher was interrupted while it started this worker
         return stop.INTERRUPTED
     try:

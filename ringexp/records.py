@@ -5,7 +5,9 @@
     checkpoints/     tensors written durably (fsync) and read with torch.load(weights_only=True)
 
 `read_rows` is the one reader of metrics.jsonl (compare, resume and tests use it): a line cut short by a killed
-run is dropped, never fatal.
+run is dropped, never fatal. Every file ringexp reads back (records, checkpoints' meta, YAML, CSV) goes through
+`read_bytes`: a regular file of bounded size, never a FIFO (which would wait forever for a writer), a device or,
+inside a run directory, a symlink (which could lead anywhere).
 """
 
 import contextlib
@@ -13,6 +15,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -21,18 +24,67 @@ import torch
 from ringexp.errors import RunDirTaken
 
 METRICS, SUMMARY = "metrics.jsonl", "summary.json"
+SMALL = 16 << 20  # the most a JSON or YAML file ringexp reads may hold (summaries, meta.json, configs: kilobytes)
+ROWS = 2 << 30  # the most a metrics.jsonl may hold (a row is under 1 KB: millions of logged steps)
+
+
+def open_regular(path, follow: bool = False):
+    """A regular file opened for reading in binary; OSError naming the file for anything else: a FIFO, a socket
+    or a device (opened without blocking, so a FIFO with no writer cannot hang the reader), or a symlink unless
+    `follow` (a file the user named may be one; a run directory's own are never)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise OSError(errno.ELOOP, "a symbolic link, which ringexp does not follow here", str(path)) from None
+        raise
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return f
+
+
+def read_bytes(path, limit: int = SMALL, follow: bool = False) -> bytes:
+    """A regular file's bytes (`open_regular`), at most `limit` of them (OSError for a larger file)."""
+    with open_regular(path, follow) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"more than the {limit} bytes a file here may hold", str(path))
+    return data
+
+
+def parse_json(data):
+    """json.loads with nesting too deep for Python (RecursionError) as the ValueError of any other bad JSON."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def read_json(path, limit: int = SMALL):
+    """A JSON file (read_bytes' checks); OSError or ValueError saying what is wrong."""
+    return parse_json(read_bytes(path, limit))
 
 
 def read_rows(run_dir) -> list:
-    """metrics.jsonl as a list of rows ([] when there is none yet); a line cut short by a kill is dropped."""
+    """metrics.jsonl as a list of rows ([] when there is none yet); a line cut short by a kill is dropped. OSError
+    or ValueError (naming the file and line) when it cannot be a run's record: not a regular file, not UTF-8, a row
+    nested too deeply. (ringexp writes ASCII: a byte that is not UTF-8 was never written by a run.)"""
     path = Path(run_dir) / METRICS
+    if not os.path.lexists(path):
+        return []
     rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
+    for lineno, line in enumerate(read_bytes(path, ROWS).splitlines(), start=1):
         try:
-            row = json.loads(line)
-        except ValueError:
+            row = parse_json(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {e.start}); it is no record ringexp wrote") from None
+        except ValueError as e:
+            if "nested" in str(e):
+                raise ValueError(f"{path}:{lineno}: {e}") from None
             continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
+        if isinstance(row, dict) and type(row.get("step")) is int:
             rows.append(row)
     return rows
 
@@ -47,8 +99,9 @@ def rewind(run_dir, source, step: int) -> list:
     return rows
 
 
-def read_summary(run_dir) -> dict:
-    return json.loads((Path(run_dir) / SUMMARY).read_text())
+def read_summary(run_dir):
+    """summary.json as parsed (any JSON value: callers check its shape); OSError or ValueError."""
+    return read_json(Path(run_dir) / SUMMARY)
 
 
 def write_summary(run_dir, summary: dict) -> None:
@@ -62,17 +115,17 @@ def write_summary(run_dir, summary: dict) -> None:
     os.replace(tmp, Path(run_dir) / SUMMARY)
 
 
-def mark_failed(run_dir, error: str) -> None:
-    """A summary.json that says the run failed and why; metrics.jsonl, checkpoints and logs stay as they are. A
-    completed run's summary is never replaced: a failed or interrupted resumption of it leaves it as it was (its
-    failure is in the one line printed, the exit code and the workers' logs)."""
+def mark_failed(run_dir, error: str, status: str = "failed") -> None:
+    """A summary.json that says the run failed (or was `interrupted`) and why; metrics.jsonl, checkpoints and logs
+    stay as they are. A completed run's summary is never replaced: a failed or interrupted resumption of it leaves
+    it as it was (its failure is in the one line printed, the exit code and the workers' logs)."""
     try:
         if read_summary(run_dir).get("status") == "completed":
             return
     except (OSError, ValueError, AttributeError):  # none yet, or unreadable
         pass
     with contextlib.suppress(OSError):  # a full disk: the one line printed says it all, and nothing is lost
-        write_summary(run_dir, {"status": "failed", "error": error})
+        write_summary(run_dir, {"status": status, "error": error})
 
 
 def cannot_write(path):
@@ -129,22 +182,44 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_held = {}  # run directories this process holds: {resolved path: the open lock file}
+
+
 @contextlib.contextmanager
 def run_lock(run_dir):
-    """Hold `run_dir` for this run: a second run started into it at the same time gets RunDirTaken. An advisory
-    lock (flock) on a file in the directory: the kernel releases it when the process ends, however it ends."""
+    """Hold `run_dir` for this run: a second run started into it at the same time gets RunDirTaken. A POSIX record
+    lock (lockf) on a file in the directory: the kernel releases it when the process ends, however it ends, and,
+    unlike flock, a forked child (a worker) never holds it, so it cannot outlive the launcher that took it.
+    Re-entrant within one process (closing a second descriptor of the file would drop a POSIX lock). The file
+    names its holder only once the run is accepted (`claim`): a refused command changes nothing on disk."""
+    key = Path(run_dir).resolve()
+    if key in _held:
+        yield
+        return
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(run_dir) / ".ringexp.lock", "a+") as f:
+    f = open(Path(run_dir) / ".ringexp.lock", "a+")
+    try:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
             f.seek(0)
             raise RunDirTaken(f"{run_dir}: another run is writing there now (pid {f.read().strip() or '?'}); wait "
                               "for it, or pick another hydra.run.dir") from None
-        f.truncate(0)
-        f.write(str(os.getpid()))
-        f.flush()
+        _held[key] = f
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            del _held[key]
+    finally:
+        f.close()  # (releases the lock)
+
+
+def claim(run_dir) -> None:
+    """The lock file of `run_dir` (held by this process: run_lock) names this process, for a run refused meanwhile."""
+    f = _held.get(Path(run_dir).resolve())
+    if f is not None:
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()

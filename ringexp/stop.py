@@ -69,14 +69,16 @@ def _install(forward: bool) -> None:
 
 @contextlib.contextmanager
 def launching():
-    """The launcher while its workers run: signals recorded and passed on (see the module's docstring)."""
+    """The launcher while its workers run: signals recorded and passed on (see the module's docstring). Once a stop
+    was asked for, later signals are ignored: the launcher is only writing its one line and the summary, and a
+    KeyboardInterrupt raised there would print a traceback from interpreter shutdown after that line."""
     before = {s: signal.getsignal(s) for s in SIGNALS}
     _install(forward=True)
     try:
         yield
     finally:
         for s, h in before.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if _received else h)
 
 
 def agent_stopping() -> bool:
@@ -85,9 +87,13 @@ def agent_stopping() -> bool:
 
 
 def release() -> None:
-    """A worker that has stopped: from now on a signal ends it at once (an agent shutting down sends SIGTERM)."""
+    """A worker that has stopped: from now on SIGTERM and SIGHUP end it at once (an agent shutting down sends
+    SIGTERM). SIGINT is ignored: the launcher passes the terminal's Ctrl-C on, so a worker gets it twice, and the
+    copy that arrives late would raise KeyboardInterrupt wherever the worker is while it shuts down (seen: inside
+    a data loader's __del__, "Exception ignored in ..." before the one line). A second Ctrl-C meant as such
+    reaches the launcher, which kills the workers."""
     for s in SIGNALS:
-        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+        signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else signal.SIG_DFL)
 
 
 def take_over() -> None:

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from ringexp import backend, checkpoint, records
+from ringexp import backend, checkpoint, records, rundir
 from ringexp.config import CONF_DIR, Device, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import launch, run_worker, slurm_task, worker_failure
@@ -49,24 +49,36 @@ def run_meta(cfg) -> dict:
 
 
 def prepare(cfg, run_dir: Path):
-    """Everything that can reject a configuration before any worker starts (ConfigError): validation, and the
-    checkpoint `resume` names, which must exist and fit this configuration. Returns the TrainConfig."""
+    """Everything that can reject a configuration before any worker starts (ConfigError): validation, and what
+    `resume` would continue from, which must exist, fit this configuration and rewrite no completed run's
+    records. Returns the TrainConfig."""
     config = checked(cfg)
-    held = [name for name, there in ((records.METRICS, (run_dir / records.METRICS).exists()),
-                                     ("checkpoints", bool(checkpoint.complete(run_dir)))) if there]
-    if held and not resume_mode(config):  # appending to another run's records would mix two runs
+    mode = resume_mode(config)
+    held = checkpoint.held(run_dir)
+    if held and not mode:  # appending to another run's records would mix two runs
         raise RunDirTaken(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or pick "
                           "another hydra.run.dir")
     ignored = backend.no_effect(config.backend.env, "gloo" if config.launcher.device == Device.cpu else "nccl")
     if ignored:  # a sweep may mean it (the same presets on CPU and GPU): say so, do not refuse
         print_warning(f"backend.env: {', '.join(ignored)}: no effect on "
                       f"{'gloo (a CPU run)' if config.launcher.device == Device.cpu else 'NCCL (a GPU run)'}")
-    ckpt, skipped = checkpoint.find(config.resume, run_dir)
+    ckpt, skipped = checkpoint.resumable(mode, run_dir, config.steps)
     for damaged in skipped:
         print_warning(f"resume: skipping damaged checkpoint {damaged}; continuing from {ckpt.name}")
     if ckpt:
         checkpoint.check(ckpt, config, job_world(config))
     return config
+
+
+def refused(cfg, run_dir: Path, error: ConfigError) -> None:
+    """A command refused before its workers start changes nothing on disk: a single run takes away the directory
+    it created (none, when it found one there). A sweep's job keeps its new directory, saying why it failed, so
+    that the sweep's report lists it."""
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        return rundir.undo(run_dir)
+    if not isinstance(error, RunDirTaken) and not (run_dir / records.SUMMARY).exists():
+        rundir.save_hydra_files(run_dir, cfg)
+        records.mark_failed(run_dir, str(error))
 
 
 def fail(run_dir: Path, message: str, code: int) -> None:
@@ -94,9 +106,10 @@ def run(cfg, run_dir: Path) -> dict | None:
     try:
         config = prepare(cfg, run_dir)
     except ConfigError as e:
-        if not isinstance(e, RunDirTaken) and not (run_dir / records.SUMMARY).exists():  # an earlier run's stays
-            records.mark_failed(run_dir, str(e))
+        refused(cfg, run_dir, e)
         return fail(run_dir, str(e), 2)
+    records.claim(run_dir)
+    rundir.save_hydra_files(run_dir, cfg)
     meta = run_meta(config)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(plain(config)))
     log.info("%s: %d %s worker(s) -> %s", meta["name"], config.launcher.nproc_per_node, config.launcher.device,
@@ -126,7 +139,7 @@ def run(cfg, run_dir: Path) -> dict | None:
 def interrupted(run_dir: Path) -> None:
     """Ctrl-C or a termination signal, once the workers have stopped: one line, exit code 130 (also in a sweep,
     whose remaining jobs are not started)."""
-    records.mark_failed(run_dir, "interrupted")
+    records.mark_failed(run_dir, "interrupted", "interrupted")
     kept = checkpoint.complete(run_dir)
     where = (f"; {resume_words(run_dir)} continues from {kept[-1].name}" if kept else
              "; no checkpoint was written (checkpoint.every_steps)")
@@ -175,27 +188,10 @@ def check_argv(args: list) -> None:
             raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
 
 
-def check_run_dir(args: list) -> None:
-    """A run or sweep directory given on the command line must be one this user can create and write into, with
-    room to spare: Hydra's answer otherwise is a traceback. (It is created here, as Hydra would create it.)"""
-    for a in args:
-        key, _, value = a.partition("=")
-        if key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
-            try:
-                Path(value).mkdir(parents=True, exist_ok=True)
-                error = records.cannot_write(value)
-            except OSError as e:
-                error = e
-            if error is not None:
-                raise ConfigError(f"{key}={value}: cannot write there ({error.strerror or error}); free some space "
-                                  "there or pick another directory")
-
-
 def cli() -> None:
     stop.default()  # the imports are done: until workers start, Ctrl-C is Python's KeyboardInterrupt
     try:
         check_argv(sys.argv[1:])
-        check_run_dir(sys.argv[1:])
         if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
             worker_rank_main()
         else:

@@ -3,6 +3,7 @@ runs in one directory, unwritable run directories, images that are bombs or 16 b
 test itself; each asserts the one line, the exit code, that nothing already written was lost, and that no process
 is left."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from conftest import (
 )
 from PIL import Image
 
+from ringexp import checkpoint
 from ringexp.data.image_folder import ImageFolderMultiLabel, image_folder_splits
 from ringexp.validate import compose_config
 
@@ -96,28 +98,66 @@ class Planted:
         return os.system, (f"touch {self.marker}",)
 
 
+def forge(ckpt, name: str, data: bytes) -> None:
+    """Write `data` as file `name` of checkpoint `ckpt` and make meta.json match it, its own checksum included,
+    as an attacker who can write the directory (and read ringexp's source) would."""
+    (ckpt / name).write_bytes(data)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    meta["sha256"] = checkpoint.meta_digest(meta)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+
+
+def byte_item(ckpt, fqn: str):
+    """(file name, offset, length) of the non-tensor item `fqn` of an FSDP checkpoint, read from its .metadata."""
+    metadata = pickle.loads((ckpt / ".metadata").read_bytes())
+    info = next(v for k, v in metadata.storage_data.items() if k.fqn == fqn)
+    return info.relative_path, info.offset, info.length
+
+
 def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
-    """torch's DCP reader unpickles `.metadata` with plain pickle: ringexp's checks its checksum, and its own
-    unpickler refuses what is not metadata even when the attacker rewrote meta.json to match."""
+    """torch's DCP reader unpickles `.metadata` with plain pickle, and non-tensor items with weights_only=False, and
+    opens whatever file `.metadata` names: ringexp checks every file against meta.json, reads `.metadata` with an
+    unpickler of its own, opens only the checkpoint's own files and loads items as plain values. Each attacker below
+    rewrote meta.json to match; each resumption is refused before launch, naming the file, and runs no code."""
     src = tmp_path / "src"
     r = run_cli(src, *TINY, "+parallel=fsdp", "steps=4", "checkpoint.every_steps=2", "logger=none")
     assert r.returncode == 0, r.stderr[-2000:]
     older, newest = sorted((src / "checkpoints").glob("step-*"))
     marker = tmp_path / "PWNED"
     planted = pickle.dumps(Planted(marker))
-    assert len(planted) != (newest / ".metadata").stat().st_size
+    original = (newest / ".metadata").read_bytes()
     (newest / ".metadata").write_bytes(planted)
     again = [*TINY, "+parallel=fsdp", "steps=6", "logger=none", f"resume={newest}"]
     r = run_cli(tmp_path / "checksum", *again)
     assert r.returncode == 2 and f".metadata is {len(planted)} bytes" in error_line(r.stderr), r.stderr[-2000:]
-    meta = json.loads((newest / "meta.json").read_text())  # as an attacker would: meta.json made to match
-    meta["files"][".metadata"] = {"bytes": len(planted), "sha256": hashlib.sha256(planted).hexdigest()}
-    (newest / "meta.json").write_text(json.dumps(meta))
-    r = run_cli(tmp_path / "unpickler", *again)
-    assert not marker.exists(), "the checkpoint ran code"
-    assert r.returncode != 0
-    line = error_line(r.stderr)
-    assert f"{newest / '.metadata'}: refused to load: it asks for posix.system" in line, r.stderr[-3000:]
+
+    def refused(name, words):
+        r = run_cli(tmp_path / name, *again)
+        assert not marker.exists(), f"the checkpoint ran code ({name})"
+        assert r.returncode == 2 and words in error_line(r.stderr), r.stderr[-3000:]
+        assert not (tmp_path / name).exists(), "a refused resumption made a run directory"
+
+    forge(newest, ".metadata", planted)  # 1. .metadata itself a pickle that runs a command
+    refused("unpickler", f"{newest / '.metadata'}: refused to load: it asks for posix.system")
+
+    forge(newest, ".metadata", original)  # 2. a byte item (the learning rate) that runs a command
+    shard, offset, length = byte_item(newest, "optimizer.param_groups.0.lr")
+    data = bytearray((newest / shard).read_bytes())
+    data[offset:offset + len(planted)] = planted
+    forge(newest, shard, bytes(data))
+    refused("byte_item", f"{newest / shard}: item 'optimizer.param_groups.0.lr' cannot be loaded as plain values")
+
+    # 3. .metadata pointing an item at a pickle outside the checkpoint
+    outside = tmp_path / "elsewhere.distcp"
+    outside.write_bytes(planted)
+    metadata = pickle.loads(original)
+    for index, info in metadata.storage_data.items():
+        if index.fqn == "optimizer.param_groups.0.lr":
+            metadata.storage_data[index] = dataclasses.replace(info, relative_path=str(outside), offset=0,
+                                                               length=len(planted))
+    forge(newest, ".metadata", pickle.dumps(metadata))
+    refused("outside", f"{newest / '.metadata'}: item 'optimizer.param_groups.0.lr' is stored as '{outside}'")
 
     shard = sorted(older.glob("*.distcp"))[-1]
     shard.write_bytes(shard.read_bytes()[:100])
@@ -194,7 +234,7 @@ def test_ctrl_c_while_training_stops_cleanly_keeping_everything(tmp_path):
     assert len(err.strip().splitlines()) == 1, err[-3000:]
     newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     assert line.endswith(f"resume=auto hydra.run.dir={run_dir} continues from {newest.name}"), line
-    assert read_summary(run_dir) == {"status": "failed", "error": "interrupted"}
+    assert read_summary(run_dir) == {"status": "interrupted", "error": "interrupted"}
     steps = [row["step"] for row in read_rows(run_dir)]
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= 7, steps
     r = run_cli(run_dir, *RUN, "resume=auto")
@@ -210,6 +250,32 @@ def test_sigterm_to_the_launcher_alone_stops_the_workers_without_a_restart(tmp_p
     assert took < 30, took
     log = (run_dir / "rank1.log").read_text()
     assert log.count(" on cpu: ") == 1 and "stopped on request" in log, log  # one attempt: no restart
+
+
+def test_a_launcher_killed_with_sigkill_leaves_no_worker_and_a_resumable_run(tmp_path):
+    """kill -9 of the Hydra process: its workers get the kernel's parent-death signal, stop, say so in summary.json
+    and exit by themselves (torch's wrapper would wait forever for the dead launcher to read their result), and the
+    directory's lock went with its holder: resume=auto continues."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *RUN, "steps=100000", "data.num_workers=1")
+    wait_for_step(proc, run_dir, 7)
+    tree = descendants(proc.pid) - {proc.pid}
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in tree if alive(p)]
+    for p in left:  # (a failed test must not leave them to the rest of the suite)
+        os.kill(p, signal.SIGKILL)
+    assert not left, "workers left behind by a killed launcher"
+    newest = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    assert read_summary(run_dir) == {"status": "interrupted", "error": f"interrupted: the launcher (pid {proc.pid}) "
+                                     f"was killed; resume=auto hydra.run.dir={run_dir} continues from {newest.name}"}
+    r = run_cli(run_dir, *RUN, "steps=12", "resume=auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_summary(run_dir)["status"] == "completed"
+    assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 13))
 
 
 # --- the disk and the run directory ----------------------------------------------------------------------------

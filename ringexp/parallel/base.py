@@ -6,6 +6,7 @@ is running. Subclasses (ddp.py, fsdp.py) override what they do differently.
 """
 
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -68,6 +69,12 @@ class Strategy:
         if self.env.rank == 0:
             state = {"model": unwrap(model).state_dict(), "optimizer": opt.state_dict()}
             records.save_tensors(path / "model.pt", state)
+
+    @staticmethod
+    def verify(path) -> str | None:
+        """What is wrong with the model's files in checkpoint `path`, as 'file: why', or None. Called before
+        anything is loaded, once every file was found intact against meta.json (ringexp.checkpoint.damage)."""
+        return None if (Path(path) / "model.pt").is_file() else "model.pt is missing"
 
     def load(self, path, model, opt) -> None:
         """Read what `save` wrote into the wrapped model and its optimizer, on every rank."""
