@@ -13,10 +13,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from ringexp.errors import ConfigError
+from ringexp.errors import ConfigError, one_line
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -255,6 +257,13 @@ NCCL_CHOICES = {"NCCL_ALGO": ("tree", "ring", "collnetdirect", "collnetchain", "
                 "NCCL_PROTO": ("ll", "ll128", "simple"),
                 "NCCL_DEBUG": ("version", "warn", "info", "abort", "trace")}
 NCCL_COUNTS = ("NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+# Variables naming a library or a file the backend loads or parses (NCCL's net, tuner, profiler and env plugins, its
+# config, topology and graph files): one in a config runs that code in every worker, as LD_PRELOAD would.
+LOADS_CODE = ("NCCL_CONF_FILE", "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE")
+
+
+def loads_code(key: str) -> bool:
+    return key.endswith(("_PLUGIN", "_PLUGIN_LIB")) or key in LOADS_CODE
 
 
 @dataclass
@@ -263,11 +272,15 @@ class BackendConfig:
     (ringexp.backend); a variable already in the environment is kept unless this sets it."""
     name: str = "default"
     env: Dict[str, str] = field(default_factory=dict)
+    allow_plugins: bool = False  # let env name libraries or files the backend loads (loads_code); see docs/backend.md
 
     def __post_init__(self):
         for key, value in self.env.items():
             need(key.startswith(BACKEND_PREFIXES), f"backend.env.{key}", value,
                  f"not a communication backend variable (only {', '.join(p + '*' for p in BACKEND_PREFIXES)})")
+            need(self.allow_plugins or not loads_code(key), f"backend.env.{key}", value,
+                 "names a library or file the backend loads, which runs its code in every worker (as LD_PRELOAD "
+                 "would); set backend.allow_plugins=true if you trust it")
             if key in NCCL_CHOICES:
                 bad = nccl_list_error(key, str(value))
                 need(not bad, f"backend.env.{key}", value, bad)
@@ -362,9 +375,19 @@ class BenchConfig:
         for key in ("iters", "min_bytes", "nodes"):
             need(getattr(self, key) >= 1, f"bench: {key}", getattr(self, key), "must be >= 1")
         need(self.size_factor >= 2, "bench: size_factor", self.size_factor, "must be >= 2")
+        need(self.max_bytes >= self.min_bytes, "bench: max_bytes", self.max_bytes,
+             f"must be >= min_bytes ({self.min_bytes}), or no size is left to time")
+        need(all(s >= 1 for s in self.sizes), "bench: sizes", self.sizes, "every size must be >= 1 byte")
+        # codec=true times float32 tensors of size // 4 elements: a smaller size would time an empty tensor
+        key, value = ("bench: sizes", self.sizes) if self.sizes else ("bench: min_bytes", self.min_bytes)
+        need(not self.codec or min(self.sizes or [self.min_bytes]) >= 4, key, value,
+             "codec=true times float32 tensors: every size must hold one element (>= 4 bytes)")
         need(self.warmup >= 0, "bench: warmup", self.warmup, "must be >= 0")
         need(all(n >= 1 for n in self.nprocs), "bench: nprocs", self.nprocs, "every world size must be >= 1")
         need(self.segment_kb is None or self.segment_kb >= 1, "bench: segment_kb", self.segment_kb, "must be >= 1")
+        # both ends of each range: NaN fails every comparison, and an infinite time overflows in the workers
+        need(0 <= self.min_time_s <= 3600, "bench: min_time_s", self.min_time_s, "must be in [0, 3600] seconds")
+        need(0 < self.timeout_s <= 86400, "bench: timeout_s", self.timeout_s, "must be in (0, 86400] seconds")
 
 
 @dataclass
@@ -393,18 +416,29 @@ class ClusterConfig:
     source: str = ""
 
     def __post_init__(self):
+        # Every number against both ends of its range: NaN fails every comparison (where min() over a list holding
+        # one may skip it), and an infinite or absurd constant only comes back as a prediction of 0 samples/s
+        # (a division by zero) or a codec ranked fastest.
         need(self.backend in ("nccl", "gloo"), "cluster.backend", self.backend, "choose nccl or gloo")
-        need(self.nodes >= 1 and self.ranks_per_node >= 1, "cluster.nodes, ranks_per_node",
-             f"{self.nodes}, {self.ranks_per_node}", "must be >= 1")
+        need(bool(self.name) and self.name not in (".", "..") and not set(self.name) & set("/\\\0"), "cluster.name",
+             repr(self.name), "must be a plain name (it names the directory outputs/plan/<name>/): no slashes")
+        need(1 <= self.nodes <= 1 << 20 and 1 <= self.ranks_per_node <= 1 << 20, "cluster.nodes, ranks_per_node",
+             f"{self.nodes}, {self.ranks_per_node}", "must be in [1, 1048576]")
         for level in ("intra", "inter"):
             link = getattr(self, level)
-            need(link.beta_s_per_byte > 0, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
-                 "must be > 0 seconds per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
-            need(link.alpha_s >= 0, f"cluster.{level}.alpha_s", link.alpha_s, "must be >= 0 seconds")
-        costs = [self.add_s_per_byte, *self.encode_s_per_byte.values(), *self.decode_s_per_byte.values()]
-        need(min(costs) >= 0, "cluster: add/encode/decode_s_per_byte", min(costs), "must be >= 0")
-        need(self.compute_slowdown > 0, "cluster.compute_slowdown", self.compute_slowdown, "must be > 0")
-        need(self.cpu_threads >= 0, "cluster.cpu_threads", self.cpu_threads, "must be >= 0 (0: cores / ranks)")
+            need(0 < link.beta_s_per_byte <= 1, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
+                 "must be > 0 and at most 1 second per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
+            need(0 <= link.alpha_s <= 60, f"cluster.{level}.alpha_s", link.alpha_s,
+                 "must be >= 0 and at most 60 seconds")
+        costs = {"add_s_per_byte": self.add_s_per_byte} | {
+            f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
+            for name, v in getattr(self, f"{kind}_s_per_byte").items()}
+        for key, v in costs.items():
+            need(0 <= v <= 1, f"cluster.{key}", v, "must be >= 0 and at most 1 second per float32 byte")
+        need(0 < self.compute_slowdown <= 1000, "cluster.compute_slowdown", self.compute_slowdown,
+             "must be > 0 and at most 1000")
+        need(0 <= self.cpu_threads <= 4096, "cluster.cpu_threads", self.cpu_threads,
+             "must be in [0, 4096] (0: cores / ranks)")
 
 
 @dataclass
@@ -430,18 +464,43 @@ class PlanConfig:
         need(self.ranks_per_node is None or 1 <= self.ranks_per_node <= self.cluster.ranks_per_node,
              "ranks_per_node", self.ranks_per_node,
              f"cluster {self.cluster.name} has {self.cluster.ranks_per_node} per node")
-        for key in ("forward_s", "backward_s", "optimizer_s"):
-            need(getattr(self, key) is None or getattr(self, key) >= 0, key, getattr(self, key), "must be >= 0 s")
-        need(self.quality_budget >= 0, "quality_budget", self.quality_budget, "must be >= 0 (macro-AUROC)")
+        for key in ("forward_s", "backward_s", "optimizer_s"):  # (NaN fails both comparisons)
+            need(getattr(self, key) is None or 0 <= getattr(self, key) <= 86400, key, getattr(self, key),
+                 "must be >= 0 s and at most a day (86400)")
+        need(0 <= self.quality_budget <= 1, "quality_budget", self.quality_budget, "must be in [0, 1] (macro-AUROC)")
         need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
         need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",
              "need >= 1 round and sizes >= 4 bytes")
 
 
-def load_yaml(schema, path):
-    """A YAML file (a run's config.yaml, a conf/cluster/ file) as the checked dataclass `schema`: a wrong key
-    or type raises OmegaConf's error, a value out of range ConfigError."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(path)))
+def load_yaml(schema, path, data: Optional[bytes] = None, over=None):
+    """A YAML file (a run's config.yaml, a conf/cluster/ file) as the checked dataclass `schema`, merged over `over`
+    (a config of that schema; default: the schema's defaults). `data`: the file's bytes, when the caller read them
+    through records.read_bytes (which refuses FIFOs, devices and oversized files, and which this layer, below
+    records, cannot import); else read here. Anything wrong with the file is a ConfigError naming it: not UTF-8,
+    not YAML, an alias, nested too deeply, a wrong key or type, a value out of range."""
+    data = Path(path).read_bytes() if data is None else data
+    try:
+        text = data.decode("utf-8")
+        events = list(yaml.parse(text, Loader=yaml.SafeLoader))
+        # an alias repeats a whole subtree: a few lines of them nest into billions of nodes once built
+        if any(isinstance(event, yaml.AliasEvent) for event in events):
+            raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
+        # after stream and document start; an empty file would silently stand for the defaults
+        if len(events) < 3 or not isinstance(events[2], yaml.MappingStartEvent):
+            raise ConfigError("not a YAML mapping of keys to values")
+        node = OmegaConf.create(text)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema) if over is None else over, node))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML: {e.problem or e.context}{where}") from None
+    except (yaml.YAMLError, OmegaConfBaseException, ConfigError) as e:
+        raise ConfigError(f"{path}: {one_line(str(e))}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
 
 
 def plain(cfg) -> dict:

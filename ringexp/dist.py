@@ -2,6 +2,7 @@
 
 import os
 import random
+import signal
 import socket
 import time
 from contextlib import contextmanager
@@ -11,6 +12,8 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from ringexp import stop
 
 
 @dataclass
@@ -118,6 +121,7 @@ def topology(env: Env) -> dict:
 
 
 _addresses: list = []  # every rank's node, by rank (share_addresses), for naming the ones that stop answering
+_pids: list = []  # every rank's process id, by rank (on this node: to tell a stopped rank from a dead one)
 
 
 def address() -> str:
@@ -133,9 +137,35 @@ def address() -> str:
 
 
 def share_addresses(env: Env) -> None:
-    global _addresses
-    _addresses = [None] * env.world_size
-    dist.all_gather_object(_addresses, address())
+    global _addresses, _pids
+    both = [None] * env.world_size
+    dist.all_gather_object(both, (address(), os.getpid()))
+    _addresses, _pids = [a for a, _ in both], [p for _, p in both]
+
+
+def why_silent(silent: list, rank: int) -> str:
+    """What the silent ranks on this rank's own node are doing (stopped, exited, or neither: hung). A stopped one
+    started by this rank's own agent is continued (SIGCONT): stopped, it cannot hear the agent's SIGTERM and would
+    hold the whole job for the agent's 30 s of grace; continued, it finds its peers gone and fails too. (Killing it
+    would make it the failure the agent reports, before this rank's line naming it.)"""
+    said = []
+    for r, state, ppid in local_states(silent, rank):
+        if state == "T" and ppid == str(os.getppid()):
+            os.kill(_pids[r], signal.SIGCONT)
+        said.append(f"rank {r}'s pid {_pids[r]} " + {"T": "was stopped (SIGSTOP)",
+                                                     "t": "is being traced", "": "has exited",
+                                                     "Z": "has exited"}.get(state, "hangs"))
+    return "; ".join(said)
+
+
+def local_states(ranks: list, rank: int) -> list:
+    """(rank, process state letter or '' when gone, parent pid) of those of `ranks` on this rank's node."""
+    out = []
+    for r in ranks:
+        if _pids and _addresses[r] == _addresses[rank]:
+            fields = stop.proc_stat(_pids[r])
+            out.append((r, fields[0] if fields else "", fields[1] if fields else ""))
+    return out
 
 
 def spans_nodes() -> bool:
@@ -161,7 +191,9 @@ def who_is_gone(cause: str, wait_s: float, give_up=lambda: False) -> str:
         deadline = time.monotonic() + wait_s
         while True:
             silent = [r for r in range(world) if not store.check([prefix + str(r)])]
-            if not silent or time.monotonic() > deadline or give_up():
+            # (a stopped or exited rank of this node never checks in: no need to wait for it)
+            mute = [r for r, state, _ in local_states(silent, rank) if state in ("T", "t", "Z", "")]
+            if len(mute) == len(silent) or time.monotonic() > deadline or give_up():
                 break
             time.sleep(0.2)
     except Exception:  # (the store's own error says only that it timed out, or that it closed)
@@ -172,8 +204,10 @@ def who_is_gone(cause: str, wait_s: float, give_up=lambda: False) -> str:
     if not silent:
         return f"{me}: {cause}"
     nodes = sorted({_addresses[r] for r in silent}) if _addresses else []
+    local = why_silent(silent, rank)
     return (f"{me}: rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))}"
-            f"{' on ' + ', '.join(nodes) if nodes else ''} stopped answering (node down or its link cut) ({cause})")
+            f"{' on ' + ', '.join(nodes) if nodes else ''} stopped answering ({local or 'node down or its link cut'})"
+            f" ({cause})")
 
 
 def seed_everything(seed: int, rank: int) -> None:

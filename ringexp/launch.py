@@ -157,7 +157,10 @@ def attempt(cfg, run_dir, meta):
         # Name the silent node. Also when this rank's agent is stopping it: a rank beside it found the same and
         # ended first (seen in CI: the second rank of a node cut off said nothing). A stop the user asked for
         # (Ctrl-C) ends it quietly instead.
-        if peer_lost(str(e)) and rdist.spans_nodes() and (not stop.requested() or stop.agent_stopping()):
+        # On one node a dead peer is the agent's to name (it saw the signal); one that timed out hangs or was
+        # stopped, and only its peers can tell.
+        silent = rdist.spans_nodes() or "timed out" in str(e).lower()
+        if peer_lost(str(e)) and silent and (not stop.requested() or stop.agent_stopping()):
             raise PeerLost(rdist.who_is_gone(gloo_message(one_line(str(e))),
                                              answer_wait(str(e), cfg.parallel.timeout_s), stop.requested)) from e
         if not stop.requested():
@@ -201,6 +204,14 @@ def gloo_message(message: str) -> str:
     return re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\] ", "", message)
 
 
+def exit_words(code: int) -> str:
+    """What a worker's exit code says when it left no error behind: 128 + N is how a worker that stopped on signal N
+    ends (a SIGTERM sent to it alone, by something other than ringexp: ringexp.stop)."""
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"exit code {code}: it stopped on {signal.Signals(code - 128).name}, sent to it alone"
+    return f"exit code {code}, with no error of its own (its rank<N>.log in the run directory may say why)"
+
+
 def worker_failure(e) -> tuple:
     """(one line, exit code) for a failed job: the rank that failed first and why; exit code 2 for ringexp's own
     configuration or data errors. When one worker dies the others soon fail too (their peer is gone), so the
@@ -212,15 +223,18 @@ def worker_failure(e) -> tuple:
         message = f.message or f"exit code {f.exitcode}"
         if isinstance(message, dict):  # the worker's error file: {"message": "Type: text", "extraInfo": {...}}
             message = message.get("message", "")
+        if str(message).startswith("To enable traceback"):  # torch's words for a worker that wrote no error
+            message = exit_words(f.exitcode)
         return one_line(str(message))
 
-    def rank_key(item):
+    def rank_key(item):  # a rank that named the silent ones first: it says more than a signal (rdist.who_is_gone)
         rank, f = item
-        return (f.exitcode >= 0, peer_lost(text(f)), f.timestamp, rank)
+        return ("stopped answering" not in text(f), f.exitcode >= 0, peer_lost(text(f)), f.timestamp, rank)
 
     rank, failure = min(e.failures.items(), key=rank_key)
     line = text(failure)
     code = 2 if line.startswith(("DataError", "ConfigError", "ringexp.errors.")) else 1
-    for prefix in ("ringexp.errors.DataError: ", "ringexp.errors.ConfigError: ", "DataError: ", "ConfigError: "):
+    for prefix in ("ringexp.errors.DataError: ", "ringexp.errors.ConfigError: ", "DataError: ", "ConfigError: ",
+                   "ringexp.errors.PeerLost: ", "PeerLost: "):
         line = line.removeprefix(prefix)
     return f"worker rank {rank} failed: {line}", code

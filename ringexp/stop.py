@@ -131,15 +131,21 @@ def _signal_children(sig) -> None:
             os.kill(pid, sig)
 
 
+def proc_stat(pid) -> list:
+    """The fields of /proc/PID/stat after the command's name (state, parent pid, ...); [] when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _children(pid: int) -> list:
     """This process's children, from /proc (on systems without it the terminal's Ctrl-C reaches the whole
     process group anyway)."""
     found = []
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    with open(f"/proc/{entry}/stat") as f:
-                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                            found.append(int(entry))
+            if entry.isdigit() and proc_stat(entry)[1:2] == [str(pid)]:
+                found.append(int(entry))
     return found

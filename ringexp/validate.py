@@ -18,7 +18,7 @@ from ringexp import compress, parallel
 from ringexp.config import CONF_DIR, AmpMode, Device, OptimName, StrategyName, TrainConfig
 from ringexp.data import check_data
 from ringexp.errors import ConfigError
-from ringexp.models import check_model
+from ringexp.models import build_model, check_model
 from ringexp.parallel.ddp import ALGORITHM
 
 
@@ -85,6 +85,39 @@ def check(cfg: TrainConfig) -> None:
                           f"({cfg.steps}); lower profile.start_step or raise steps")
     check_model(cfg.model.name)
     check_data(cfg.data, n)
+    check_memory(cfg, n)
+
+
+def state_copies(cfg: TrainConfig) -> int:
+    """Float32 copies of the parameters a rank holds: the parameters, their gradients, the optimizer's state."""
+    optimizer = 2 if cfg.optim.name == OptimName.adamw else 1 if cfg.optim.momentum else 0
+    return 2 + optimizer
+
+
+def check_memory(cfg: TrainConfig, world: int) -> None:
+    """The model with its gradients and optimizer state, and one input batch, against the memory a rank has here (a
+    GPU's own; on CPUs this machine's, shared by its local ranks): refused before any worker starts when they
+    cannot fit (a run that passes may still run out: activations come on top). The model is built on the meta
+    device: shapes only, no memory."""
+    try:
+        with torch.device("meta"):
+            numel = sum(p.numel() for p in build_model(cfg.model, cfg.data.num_labels).parameters())
+    except (RuntimeError, ValueError, TypeError, OverflowError) as e:  # a size torch cannot even describe
+        raise ConfigError(f"model.name={cfg.model.name} with model.width={cfg.model.width} and data.num_labels="
+                          f"{cfg.data.num_labels} cannot be built ({str(e).splitlines()[0][:120]})") from None
+    shards = world if parallel.STRATEGIES[cfg.parallel.strategy].sharded else 1
+    d = cfg.data
+    need = numel * 4 * state_copies(cfg) // shards + d.batch_size * 3 * d.image_size ** 2 * 4
+    cuda = cfg.launcher.device == Device.cuda
+    have = torch.cuda.get_device_properties(0).total_memory if cuda else os.sysconf("SC_PHYS_PAGES") * \
+        os.sysconf("SC_PAGE_SIZE")
+    ranks = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", cfg.launcher.nproc_per_node))
+    if need * ranks > have:
+        where = "a GPU here has" if cuda else f"the {ranks} ranks on this machine share"
+        raise ConfigError(f"the model ({numel / 1e6:.1f} M parameters) with its gradients and {cfg.optim.name} "
+                          f"state, and a batch of {d.batch_size} x 3 x {d.image_size} x {d.image_size}, need "
+                          f"{need / 2**30:.1f} GiB per rank, and {where} {have / 2**30:.1f} GiB; lower "
+                          "data.batch_size or data.image_size, or use a smaller model (or +parallel=fsdp)")
 
 
 def check_device(cfg: TrainConfig) -> None:

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from ringexp import backend
 from ringexp.config import CONF_DIR, BackendConfig
+from ringexp.errors import ConfigError
 from ringexp.validate import compose_config
 
 PRESETS = sorted(p.stem for p in Path(CONF_DIR, "backend").glob("*.yaml"))
@@ -25,6 +26,14 @@ def test_every_preset_composes_and_passes_the_checks(preset):
     written = OmegaConf.load(Path(CONF_DIR, "backend", f"{preset}.yaml"))
     assert b.name == preset and b.env == {k: str(v) for k, v in written.env.items()}
     assert (b.env == {}) == (preset == "default")
+
+
+def test_a_plugin_is_refused_unless_the_config_says_it_trusts_it():
+    """A library NCCL loads runs its code in every worker: refused (test_bad_input) unless allowed explicitly."""
+    with pytest.raises(ConfigError, match="NCCL_NET_PLUGIN=libx.so: names a library"):
+        compose_config(["+backend.env.NCCL_NET_PLUGIN=libx.so"])
+    b = compose_config(["+backend.env.NCCL_NET_PLUGIN=libx.so", "backend.allow_plugins=true"]).backend
+    assert b.env == {"NCCL_NET_PLUGIN": "libx.so"}
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
 """FSDP2: the same training as DDP, a 1/N share of the state, mixed precision and accumulation through its
 own switches, on real gloo process groups."""
 
+import contextlib
 import dataclasses
 import json
+import math
 from functools import partial
 
 import pytest
@@ -39,6 +41,23 @@ def test_fsdp_trains_like_ddp_with_a_1_over_n_share_of_the_state(world, k):
         assert loss_diff < 1e-5 and grad_diff < 1e-5, (rank, loss_diff, grad_diff)
         # parameters + gradients + AdamW state: a 1/N shard, plus padding to a multiple of N per parameter
         assert fsdp_state <= ddp_state / world + 4096, (rank, ddp_state, fsdp_state)
+
+
+def sgd_worker():
+    env = rdist.init("cpu")
+    cfg = strategy_cfg("fsdp", env.world_size)
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, name="sgd"))
+    model = parallel.build(cfg, env).wrap(small_cnn(5, width=8))
+    opt, _ = build_optimizer(model, cfg.optim, 16, 10)
+    losses, _, _ = train_steps(model, opt, env.rank, 1, 2, lambda sync: contextlib.nullcontext())
+    rdist.cleanup()
+    return losses
+
+
+def test_fsdp_trains_with_sgd():
+    """torch has no DTensor sharding rule for fused SGD: `+parallel=fsdp optim=sgd` failed in the workers."""
+    results = workers(sgd_worker, 2)
+    assert all(len(losses) == 2 and all(map(math.isfinite, losses)) for losses in results.values()), results
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from conftest import (
     run_cli,
     start,
     wait_for_step,
+    worker_pid,
 )
 from PIL import Image
 
@@ -276,6 +278,29 @@ def test_a_launcher_killed_with_sigkill_leaves_no_worker_and_a_resumable_run(tmp
     assert r.returncode == 0, r.stderr[-3000:]
     assert read_summary(run_dir)["status"] == "completed"
     assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 13))
+
+
+@pytest.mark.parametrize("sig,words", [
+    ("SIGTERM", "worker rank 1 failed: exit code 143: it stopped on SIGTERM, sent to it alone"),
+    ("SIGSTOP", "worker rank 0 failed: rank 0 on vm"),
+])
+def test_a_worker_sent_a_signal_alone_is_named_with_the_signal(tmp_path, sig, words):
+    """SIGTERM: torch's placeholder ("To enable traceback see ...") said nothing. SIGSTOP: rank 0 reported its own
+    receive timeout, without the stopped rank, after its timeout and torch's 30 s of grace for the stopped one."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *RUN, "steps=100000", "parallel.timeout_s=5")
+    wait_for_step(proc, run_dir, 6)
+    sent = time.monotonic()
+    os.kill(worker_pid(run_dir, 1), getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 1, err[-3000:]
+    line = error_line(err)
+    words = words.replace("vm", socket.gethostname())
+    assert words in line, line
+    if sig == "SIGSTOP":
+        assert f"rank 1 on {socket.gethostname()} (127.0.0.1) stopped answering (rank 1's pid " in line, line
+        assert "was stopped (SIGSTOP))" in line and took < 5 + 15, (took, line)
 
 
 # --- the disk and the run directory ----------------------------------------------------------------------------

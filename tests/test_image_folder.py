@@ -48,3 +48,30 @@ def test_a_byte_order_mark_is_accepted_and_other_encodings_are_named(tmp_path):
     write(root, "path,cat\nimg\xe90.png,1\n".encode("latin-1"))
     with pytest.raises(DataError, match=r"labels.csv: not UTF-8 text \(byte 12: invalid continuation byte\); save"):
         read_labels(cfg(root))
+
+
+BROKEN = {  # labels.csv -> the one line it gives
+    "a field over csv's limit": ("path,cat\nimg0.png," + "1" * 200_000 + "\n",
+                                 "labels.csv:2: not a CSV row (field larger than field limit"),
+    "a NUL byte in a path": ("path,cat\nimg0\0.png,1\n", "labels.csv:2: image path 'img0\\x00.png' holds a NUL byte"),
+    "a label column twice": ("path,cat,cat\nimg0.png,1,0\n",
+                             "labels.csv:1: column 'cat' appears twice in the header"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_csv_is_one_line_naming_file_and_line(tmp_path, case):
+    root = make_image_folder(tmp_path / "images", n=2)
+    text, words = BROKEN[case]
+    write(root, text)
+    with pytest.raises(DataError) as e:
+        read_labels(cfg(root))
+    assert words in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 300, str(e.value)
+
+
+def test_a_csv_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    root = make_image_folder(tmp_path / "images", n=2)
+    (root / "labels.csv").unlink()
+    os.mkfifo(root / "labels.csv")  # opening it for reading would wait for a writer forever
+    with pytest.raises(DataError, match="labels.csv: cannot read the labels CSV \\(not a regular file\\)"):
+        read_labels(cfg(root))

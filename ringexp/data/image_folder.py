@@ -1,14 +1,17 @@
 """A folder of images plus a CSV of multi-hot labels: `path` column (relative to root) and 0/1 columns."""
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
+from ringexp import records
 from ringexp.errors import DataError
 
+CSV_LIMIT = 256 << 20  # bytes: a million rows of a few hundred labels
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -23,16 +26,13 @@ def csv_path(cfg) -> Path:
 def read_labels(cfg):
     """Parse and check the CSV; returns (paths, label_names, label rows). Errors name the file and line."""
     path = csv_path(cfg)
-    if not path.is_file():
-        raise DataError(f"{path}: labels CSV not found; set data.csv=FILE (path, then one 0/1 column per label)")
-    try:  # utf-8-sig: a spreadsheet's byte-order mark before the header is not part of its first name
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = list(csv.reader(f))
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the CSV as UTF-8") from None
+    rows = csv_rows(path)
     if not rows:
         raise DataError(f"{path}:1: the CSV is empty; it needs a header row")
     header = [h.strip() for h in rows[0]]
+    twice = next((h for i, h in enumerate(header) if h in header[:i]), None)
+    if twice is not None:  # a label read from another column of the same name would be silently wrong
+        raise DataError(f"{path}:1: column {twice!r} appears twice in the header; give every column its own name")
     wanted = list(cfg.label_columns) or [h for h in header if h != cfg.path_column]
     missing = [c for c in [cfg.path_column, *wanted] if c not in header]
     if missing:
@@ -65,9 +65,31 @@ def read_labels(cfg):
     return paths, wanted, labels
 
 
+def csv_rows(path: Path) -> list:
+    """The CSV's rows: a regular file (a FIFO is refused, not waited on) of at most CSV_LIMIT bytes, UTF-8 (a
+    spreadsheet's byte-order mark before the header is not part of its first name), every field within csv's
+    limit; DataError naming the file and line otherwise."""
+    try:
+        text = records.read_bytes(path, CSV_LIMIT, follow=True).decode("utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"{path}: labels CSV not found; set data.csv=FILE (path, then one 0/1 column per label)"
+                        ) from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the labels CSV ({e.strerror or e}); give a CSV file") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the CSV as UTF-8") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return list(reader)
+    except csv.Error as e:  # e.g. a field over csv's field_size_limit
+        raise DataError(f"{path}:{reader.line_num}: not a CSV row ({e}); fix the CSV") from None
+
+
 def inside(root: Path, rel: str, where: str) -> str:
     """`rel` as a normalised path relative to `root` (resolved, so `./a//b.png` and `a/b.png` are one image), or
     DataError if it leads outside the root: `..`, an absolute path, or a symlink out of it."""
+    if "\0" in rel:
+        raise DataError(f"{where}: image path {rel!r} holds a NUL byte; no file name can")
     target = (root / rel).resolve()
     if not target.is_relative_to(root):
         raise DataError(f"{where}: image {rel} lies outside data.root {root}; every path must stay inside it")
