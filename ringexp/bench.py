@@ -33,7 +33,7 @@ from ringexp import comm, compress, records
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, Device, plain
 from ringexp.errors import ConfigError, print_error
-from ringexp.launch import adopt_srun_task, elastic, under_external_launcher
+from ringexp.launch import adopt_srun_task, elastic, under_external_launcher, worker_failure
 from ringexp.sinks.wandb import WandbSink
 from ringexp.timing import median_time
 from ringexp.validate import check_gpus, resolve_device
@@ -50,6 +50,10 @@ VARIANTS = {
 INTER = ("fp16:inter", "bf16:inter", "int8:inter")  # wire formats the hierarchical all-reduce can keep between nodes
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-2}
+# Copies of the largest message one rank holds at once besides one buffer per row (timed_rounds): the input, its
+# float32 draw, the check's reference and tolerance (count_wrong), the algorithm's scratch; a 16-bit message's
+# float32 temporaries take twice its bytes. codec=true holds the input, its cast, the payload and the decode.
+COPIES, CODEC_COPIES = 4, 4
 
 
 def variant(name: str):
@@ -95,6 +99,7 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
     cfg.launcher.device = resolve_device(cfg.launcher.device)
     for n in local:
         check_gpus(cfg.launcher.device, n, "LOCAL_WORLD_SIZE" if external else "nprocs")
+    check_sizes(cfg, max(local))
     if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
         worlds = [int(os.environ["WORLD_SIZE"])] if external else cfg.nprocs
         if external and worlds[0] > int(os.environ.get("LOCAL_WORLD_SIZE", worlds[0])):
@@ -102,6 +107,44 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
         odd = [n for n in worlds if n % cfg.nodes]
         if odd:
             raise ConfigError(f"bench: nodes={cfg.nodes} does not divide nprocs={odd[0]}; set nodes to a divisor")
+
+
+def check_sizes(cfg: BenchConfig, ranks: int) -> None:
+    """Every message holds one element of every dtype it is timed in, and the largest fits in memory with `ranks`
+    ranks on this machine (host memory on the CPU, each rank's GPU on CUDA): else the workers would time another
+    size than asked, or the kernel would kill one of them mid-table."""
+    key = f"bench: sizes={cfg.sizes}" if cfg.sizes else f"bench: min_bytes={cfg.min_bytes}, max_bytes={cfg.max_bytes}"
+    widest = max(["float32"] if cfg.codec else cfg.dtypes, key=lambda d: DTYPES[d].itemsize)
+    if min(sizes(cfg)) < DTYPES[widest].itemsize:
+        raise ConfigError(f"{key}: {min(sizes(cfg))} bytes hold no {widest} element; every size must be >= "
+                          f"{DTYPES[widest].itemsize} bytes")
+    biggest = max(sizes(cfg))
+    if cfg.codec:
+        ranks, copies = 1, CODEC_COPIES
+    else:
+        copies = len(row_specs(cfg)) + COPIES * (2 if min(DTYPES[d].itemsize for d in cfg.dtypes) < 4 else 1)
+    cuda = cfg.launcher.device == Device.cuda and not cfg.codec
+    have = (min(torch.cuda.get_device_properties(i).total_memory for i in range(ranks)) if cuda
+            else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    need = biggest * copies * (1 if cuda else ranks)
+    if need > have:
+        held = f"{ranks} ranks x {copies}" if ranks > 1 and not cuda else f"{copies}"
+        raise ConfigError(f"{key}: a {fmt_size(biggest)} message needs about {fmt_size(need)} of memory ({held} "
+                          f"buffers of its size), more than {'each GPU' if cuda else 'this machine'} has "
+                          f"({fmt_size(have)}); time smaller sizes")
+
+
+def row_specs(cfg: BenchConfig) -> dict:
+    """{row name: (ringexp.comm algorithm, options, compressor config or None)}: every algorithm uncompressed, then
+    every (algorithm, compressor) pair (a NAME:inter wire format on hierarchical rows only)."""
+    algos = {name: variant(name) for name in cfg.algorithms}
+    specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
+    for cname in cfg.compressors:
+        if cname != "none":
+            c = compressor(cname, cfg.ratio)
+            specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()
+                      if c.scope == "all" or algo == "hierarchical"}
+    return specs
 
 
 def compressor(name: str, ratio: float) -> CompressionConfig:
@@ -130,14 +173,7 @@ def bench_worker(cfg: BenchConfig) -> list:
     # hierarchical: the job's real nodes when it spans several, else cfg.nodes emulated ones on this machine
     nodes = where["nodes"] if where["nodes"] > 1 else cfg.nodes
     opts = {"segment_bytes": cfg.segment_kb and cfg.segment_kb * 1024, "timeout_s": cfg.timeout_s, "nodes": nodes}
-    algos = {name: variant(name) for name in cfg.algorithms}
-    # rows: every algorithm uncompressed, then every (algorithm, compressor) pair; compressed rows use float32
-    specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
-    for cname in cfg.compressors:
-        if cname != "none":
-            c = compressor(cname, cfg.ratio)
-            specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()
-                      if c.scope == "all" or algo == "hierarchical"}
+    specs = row_specs(cfg)  # compressed rows use float32
 
     def run(buf, spec):
         algo, o, c = spec
@@ -274,22 +310,35 @@ def main(cfg) -> None:
         config = OmegaConf.to_object(cfg)  # BenchConfig: its fields check themselves
         check(config, external=under_external_launcher())
     except ConfigError as e:
-        records.mark_failed(run_dir, str(e))
-        print_error(str(e))
-        sys.exit(2)
-    if config.codec:
-        rows = codec_rows(config)
-        write_results(rows, run_dir)
-        print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
-        return
-    rows = []
-    if under_external_launcher():  # torchrun (on one node or several): this process is rank 0 of the one job
-        rows = bench_worker(config)
-    for n in [] if under_external_launcher() else config.nprocs:
-        rows += elastic(bench_worker, n, config, log_dir=run_dir / f"workers-n{n}")[0]
+        failed(run_dir, str(e), 2)
+    try:
+        rows = results(config, run_dir)
+    except Exception as e:  # a worker died or raised (the agent's error names the rank): one line, as train's
+        failed(run_dir, *worker_failure(e))
     write_results(rows, run_dir)
-    log_wandb(plain(config), rows, run_dir)
+    if not config.codec:
+        log_wandb(plain(config), rows, run_dir)
     print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
+
+
+def results(config: BenchConfig, run_dir: Path) -> list:
+    """The rows: the codecs in this process (codec=true), else one elastic job per world size, or this process as
+    rank 0 of an external torchrun's (on one node or several)."""
+    if config.codec:
+        return codec_rows(config)
+    if under_external_launcher():
+        return bench_worker(config)
+    rows = []
+    for n in config.nprocs:
+        rows += elastic(bench_worker, n, config, log_dir=run_dir / f"workers-n{n}")[0]
+    return rows
+
+
+def failed(run_dir: Path, message: str, code: int) -> None:
+    """summary.json says why, ringexp's one line says it, and the exit code: 2 for a config, 1 for a failure."""
+    records.mark_failed(run_dir, message[:2000])
+    print_error(message)
+    sys.exit(code)
 
 
 def other_rank() -> None:
@@ -302,7 +351,12 @@ def other_rank() -> None:
     except (ConfigError, ValueError) as e:
         print_error(str(e))
         sys.exit(2)
-    bench_worker(config)
+    try:
+        bench_worker(config)
+    except Exception as e:  # rank 0 reports the job's failure; this rank, in one line, why it stopped
+        message, code = worker_failure(e)
+        print_error(message)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ accuracy   bench=[bench.json,...] of ringexp.bench run on the cluster: every row
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -38,9 +39,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import compress, costmodel
+from ringexp import compress, costmodel, records
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, CompressionConfig, ModelConfig, PlanConfig, plain
+from ringexp.config import CONF_DIR, ClusterConfig, CompressionConfig, ModelConfig, PlanConfig, load_yaml, plain
 from ringexp.errors import ConfigError, one_line, print_error
 from ringexp.launch import adopt_srun_task, elastic, under_external_launcher
 from ringexp.models import build_model
@@ -57,6 +58,11 @@ QUALITY_LOSS = {"none": 0.0, "fp16": 0.0, "bf16": 0.003, "int8": 0.005, "powersg
                 "randomk": 0.328, "sign": 0.052}
 PLOT_PRESETS = ("ddp", "hierarchical", "hierarchical_int8", "ring_fp16", "ddp_powersgd", "fsdp")
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
+# what `accuracy` reads of a bench.json row, and its type; the bench's algorithms ('ring:256': a segment size)
+BENCH_KEYS = {"algorithm": str, "link": str, "size_bytes": int, "count": int, "nodes": int, "ranks_per_node": int,
+              "time_us": (int, float)}
+BENCH_ALGORITHMS = ("builtin", "ring", "hierarchical", "leader", "naive")
+CLUSTER_LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB): YAML parses slowly in Python
 
 
 def clusters() -> list:
@@ -65,7 +71,7 @@ def clusters() -> list:
 
 def load(args: list) -> tuple:
     """(PlanConfig, training overrides) from KEY=VALUE arguments: PlanConfig's keys go to conf/plan.yaml,
-    every other one is a training override. cluster=PATH.yaml loads that file over the schema's defaults."""
+    every other one is a training override. cluster=PATH.yaml loads that file over the default cluster."""
     plan = [a for a in args if a.split("=", 1)[0].lstrip("+~").split(".")[0] in PLAN_KEYS]
     train = [a for a in args if a not in plan]
     path = next((a.split("=", 1)[1] for a in plan if a.startswith("cluster=") and a.endswith((".yaml", ".yml"))), "")
@@ -73,16 +79,30 @@ def load(args: list) -> tuple:
     if name and not path and name not in clusters():
         raise ConfigError(f"cluster={name}: no such cluster file; choose from {', '.join(clusters())} "
                           "(conf/cluster/), or give a YAML path")
-    if path and not Path(path).is_file():
-        raise ConfigError(f"cluster={path}: no such file")
+    if name and not path:  # read here first, so that Hydra, which reads it again, reads a file that is sound
+        cluster_file_config(Path(CONF_DIR, "cluster", f"{name}.yaml"))
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("plan", overrides=[a for a in plan if not (path and a.startswith("cluster="))])
         if path:
-            cfg.cluster = OmegaConf.merge(cfg.cluster, OmegaConf.load(path))
+            cfg.cluster = cluster_file_config(path, over=cfg.cluster)
         return OmegaConf.to_object(cfg), train
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(one_line(str(e))) from None
+        # Hydra's first line only names the override ("Error merging override x=.inf"); its cause says what is wrong
+        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+        raise ConfigError(one_line(str(e)).rstrip(".") + cause) from None
+
+
+def cluster_file_config(path, over=None):
+    """The checked ClusterConfig of a cluster file (over `over`, a composed cluster config): a regular file of at
+    most CLUSTER_LIMIT bytes (a FIFO or a device is refused, not waited on), UTF-8 YAML, every number finite and
+    in its range; ConfigError naming the file otherwise."""
+    try:
+        data = records.read_bytes(path, CLUSTER_LIMIT, follow=True)
+    except OSError as e:
+        raise ConfigError(f"cluster={path}: cannot read it ({e.strerror or e}); give a conf/cluster/ YAML file"
+                          ) from None
+    return load_yaml(ClusterConfig, path, data, over)
 
 
 # --- calibrate -------------------------------------------------------------------------------------------------
@@ -453,17 +473,15 @@ def plot(cl, configs: dict, shapes: list, compute: dict, path: Path) -> None:
 def accuracy(pc: PlanConfig) -> None:
     """Every row of the bench.json files in `bench` (ringexp.bench on the cluster) against the model's prediction
     from the cluster file: a table, and the median and worst relative errors."""
-    rows = []
-    for path in pc.bench:
-        try:
-            rows += json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"bench={path}: cannot read it ({e}); give bench.json files of ringexp.bench") from None
+    rows = [(path, r) for path in pc.bench for r in bench_rows(path)]
     if not rows:
         raise ConfigError("accuracy needs bench=[PATH,...]: bench.json files of ringexp.bench run on the cluster")
     out = []
-    for r in rows:
-        cl = dataclasses.replace(pc.cluster, nodes=r["nodes"], ranks_per_node=r["ranks_per_node"])
+    for path, r in rows:
+        try:  # the cluster's own checks (nodes and ranks in range), naming the bench file whose row failed them
+            cl = dataclasses.replace(pc.cluster, nodes=r["nodes"], ranks_per_node=r["ranks_per_node"])
+        except ConfigError as e:
+            raise ConfigError(f"bench={path}: {e}") from None
         name, _, comp = r["algorithm"].partition("+")
         algo = {"hierarchical": "two_level"}.get(name.split(":")[0], name.split(":")[0])
         cname, _, where = comp.partition(":")
@@ -486,6 +504,44 @@ def accuracy(pc: PlanConfig) -> None:
         Path(pc.out, "accuracy.json").write_text(json.dumps(out, indent=1) + "\n")
         accuracy_plot(pc.cluster.name, out, Path(pc.out, "accuracy.png"))
     print(text, end="")
+
+
+def bench_rows(path: str) -> list:
+    """The rows of one bench.json of ringexp.bench, each with what accuracy reads, of the type it needs (numbers
+    finite and in range, an algorithm and compressor the bench runs); ConfigError naming the file and row."""
+    try:
+        rows = records.parse_json(records.read_bytes(path, records.SMALL, follow=True))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"bench={path}: cannot read it ({e}); give bench.json files of ringexp.bench") from None
+    if not isinstance(rows, list):
+        raise ConfigError(f"bench={path}: not a list of rows; give bench.json files of ringexp.bench")
+    for i, r in enumerate(rows):
+        wrong = bench_row_error(r)
+        if wrong:
+            raise ConfigError(f"bench={path}: row {i}: {wrong}; give bench.json files of ringexp.bench")
+    return rows
+
+
+def bench_row_error(r) -> str:
+    """What keeps a bench.json row from being predicted ('' when nothing does)."""
+    if not isinstance(r, dict):
+        return f"a {type(r).__name__}, not a row (an object)"
+    missing = [k for k in BENCH_KEYS if k not in r]
+    if missing:
+        return f"no {missing[0]!r}"
+    for key, kind in BENCH_KEYS.items():
+        v = r[key]
+        if isinstance(v, bool) or not isinstance(v, kind):  # (True is an int to Python)
+            return f"{key}={v!r} is not {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
+        if kind is not str and not (math.isfinite(v) and v > 0):
+            return f"{key}={v!r} must be a finite number > 0"
+    name, _, comp = r["algorithm"].partition("+")
+    cname, colon, where = comp.partition(":")
+    if name.split(":")[0] not in BENCH_ALGORITHMS or (comp and (cname not in compress.COMPRESSORS
+                                                                 or cname in ("none", "powersgd")
+                                                                 or (colon and where != "inter"))):
+        return f"algorithm {r['algorithm']!r} is none ringexp.bench runs"
+    return ""
 
 
 def accuracy_plot(name: str, out: list, path: Path) -> None:

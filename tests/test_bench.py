@@ -2,12 +2,19 @@
 
 import csv
 import glob
+import logging
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, error_line, history_and_summary
+from conftest import ROOT, error_line, history_and_summary, run_cli
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from ringexp import bench, records
+from ringexp.config import BenchConfig, Device
+from ringexp.errors import ConfigError
 
 
 @pytest.mark.slow
@@ -46,3 +53,67 @@ def test_bench_on_cuda_without_a_gpu_says_so_in_one_line(tmp_path):
     assert r.returncode == 2 and error_line(r.stderr).startswith(
         "ringexp: error: launcher.device=cuda but no GPU is visible; use launcher.device=cpu or auto")
     assert not (tmp_path / "b" / "bench.json").exists()
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"codec": True, "sizes": [3]}, "bench: sizes=[3]: codec=true times float32 tensors"),
+    ({"sizes": [3]}, "bench: sizes=[3]: 3 bytes hold no float32 element; every size must be >= 4 bytes"),
+    ({"sizes": [1024, 4], "dtypes": ["float32", "float64"]}, "bench: sizes=[1024, 4]: 4 bytes hold no float64"),
+    ({"min_bytes": 1, "dtypes": ["float16"]}, "bench: min_bytes=1, max_bytes=268435456: 1 bytes hold no float16"),
+])
+def test_a_size_too_small_for_its_dtype_is_refused_before_launch(fields, words):
+    """codec=true sizes=[3] timed an empty tensor (ZeroDivisionError); a float32 row of 3 bytes timed 4."""
+    with pytest.raises(ConfigError) as e:
+        bench.check(BenchConfig(**fields))
+    assert str(e.value).startswith(words), e.value
+
+
+def test_a_message_the_machine_cannot_hold_is_refused_before_launch(monkeypatch):
+    """Every rank holds the message once per row and a few times more: 10**12 bytes on 4 ranks, or the default
+    256 MB on a GPU of 1 GB (10 rows and 4 more), is refused with what it needs; a size that fits is not."""
+    with pytest.raises(ConfigError) as e:
+        bench.check(BenchConfig(sizes=[10**12], nprocs=[2, 4]))
+    assert str(e.value).startswith("bench: sizes=[1000000000000]: a 931.323GB message needs about 33527.6GB of "
+                                   "memory (4 ranks x 9 buffers of its size), more than this machine has"), e.value
+    with pytest.raises(ConfigError, match=r"needs about 3725.29GB of memory \(4 buffers of its size\)"):  # one process
+        bench.check(BenchConfig(codec=True, sizes=[10**12]))
+    bench.check(BenchConfig(sizes=[1 << 20], nprocs=[2]))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=1 << 30))
+    cfg = BenchConfig(compressors=["none", "fp16"])
+    cfg.launcher.device = Device.cuda
+    with pytest.raises(ConfigError, match=r"a 256MB message needs about 3.5GB of memory \(14 buffers of its "
+                                          r"size\), more than each GPU has \(1GB\)"):
+        bench.check_sizes(cfg, 4)
+
+
+def test_a_worker_that_dies_is_one_line_and_exit_1_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """The bench's own main, in this process, with a job whose rank 1 the kernel killed (as for memory): the
+    agent's ChildFailedError came back through Hydra as a traceback; now train's one line, also in summary.json."""
+    def killed(fn, n, *args, **kwargs):
+        raise ChildFailedError("bench_worker", {1: ProcessFailure(1, 4242, -9, str(tmp_path / "no-error.json"))})
+
+    monkeypatch.setattr(bench, "elastic", killed)
+    monkeypatch.setattr(sys, "argv", ["ringexp.bench", "nprocs=[2]", "sizes=[1024]", f"hydra.run.dir={tmp_path / 'b'}"])
+    handlers, level = list(logging.root.handlers), logging.root.level  # Hydra configures logging for its job
+    try:
+        with pytest.raises(SystemExit) as e:
+            bench.main()
+    finally:
+        for h in set(logging.root.handlers) - set(handlers):
+            logging.root.removeHandler(h)
+            h.close()
+        logging.root.setLevel(level)
+    words = "worker rank 1 failed: Signal 9 (SIGKILL) received by PID 4242"
+    assert e.value.code == 1 and error_line(capsys.readouterr().err) == f"ringexp: error: {words}"
+    assert records.read_summary(tmp_path / "b") == {"status": "failed", "error": words}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides, words", [
+    (["codec=true", "sizes=[3]"], "ringexp: error: bench: sizes=[3]: codec=true times float32 tensors"),
+    (["sizes=[1000000000000]"], "ringexp: error: bench: sizes=[1000000000000]: a 931.323GB message needs about"),
+])
+def test_the_command_line_refuses_a_size_before_any_worker_starts(tmp_path, overrides, words):
+    r = run_cli(tmp_path / "b", *overrides, module="ringexp.bench", timeout=120)
+    assert r.returncode == 2 and error_line(r.stderr).startswith(words), r.stderr
+    assert not (tmp_path / "b" / "bench.json").exists() and not list((tmp_path / "b").glob("workers-n*"))

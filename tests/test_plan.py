@@ -6,10 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import ROOT, error_line, workers
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -204,6 +207,9 @@ BAD = [
     (["predict", "cluster=nosuch"], "cluster=nosuch: no such cluster file"),
     (["predict", "cluster.inter.beta_s_per_byte=-1e-9"], "cluster.inter.beta_s_per_byte=-1e-09: must be > 0"),
     (["predict", "cluster.intra.beta_s_per_byte=0"], "cluster.intra.beta_s_per_byte=0.0: must be > 0"),
+    (["predict", "cluster.inter.beta_s_per_byte=inf"], "cluster.inter.beta_s_per_byte=inf: must be > 0 and at most"),
+    (["predict", "cluster.encode_s_per_byte.fp16=nan"], "cluster.encode_s_per_byte.fp16=nan: must be >= 0"),
+    (["predict", "cluster.inter.beta_s_per_byte=.inf"], "beta_s_per_byte=.inf: Value '.inf' of type 'str' could not"),
     (["predict", "ranks_per_node=99"], "ranks_per_node=99: cluster local_2x2_1gbit has 2 per node"),
     (["predict", "model.name=resnet_nosuch"], "model.name=resnet_nosuch is neither small_cnn nor a timm model"),
     (["predict", "+parallel=single"], "+parallel=single runs one rank"),
@@ -228,3 +234,99 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch,
 def test_the_command_line_says_one_line_and_exits_2(tmp_path):
     r = plan("predict", "cluster=nosuch", f"out={tmp_path / 'out'}", timeout=120)
     assert r.returncode == 2 and "cluster=nosuch: no such cluster file; choose from" in error_line(r.stderr)
+
+
+def cluster_yaml(path: Path, **changes) -> Path:
+    """conf/cluster/local_2x2_1gbit.yaml with `changes` (dotted keys as a__b) written out by PyYAML, as a user's
+    editor or script would: float('inf') becomes .inf, float('nan') .nan."""
+    d = yaml.safe_load(Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml").read_text())
+    for key, value in changes.items():
+        *parents, leaf = key.split("__")
+        node = d
+        for k in parents:
+            node = node[k]
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def good_cluster_text() -> str:
+    return Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml").read_text()
+
+
+BAD_CLUSTERS = [
+    ("syntax", lambda p: p.write_text("name: broken\nnodes: [2\nranks_per_node: 2\n"), "not valid YAML: expected"),
+    ("utf16", lambda p: p.write_bytes(good_cluster_text().encode("utf-16")), "not UTF-8 text (byte 0)"),
+    ("latin1", lambda p: p.write_bytes(("# r\xe9seau\n" + good_cluster_text()).encode("latin-1")),
+     "not UTF-8 text (byte 3)"),
+    ("inf_beta", lambda p: cluster_yaml(p, inter__beta_s_per_byte=float("inf")),
+     "cluster.inter.beta_s_per_byte=inf: must be > 0 and at most 1 second per byte"),
+    ("nan_encode", lambda p: cluster_yaml(p, encode_s_per_byte__fp16=float("nan")),
+     "cluster.encode_s_per_byte.fp16=nan: must be >= 0"),
+    ("alias", lambda p: p.write_text("name: a\nintra: &l {alpha_s: 1.0e-5, beta_s_per_byte: 1.0e-9}\ninter: *l\n"),
+     "a YAML alias"),
+    ("list", lambda p: p.write_text("- name: a\n"), "not a YAML mapping"),
+    ("empty", lambda p: p.write_text(""), "not a YAML mapping"),
+]
+
+
+@pytest.mark.parametrize("case, write, words", BAD_CLUSTERS, ids=[c[0] for c in BAD_CLUSTERS])
+def test_a_broken_cluster_file_is_one_line_naming_it_and_nothing_is_predicted(tmp_path, monkeypatch, capsys, case,
+                                                                               write, words):
+    """Each broken cluster file as predict reads it: one line naming the file, exit 2, no plan written (a NaN
+    encode cost used to pass, min() skipping it, and ddp_fp16 came out fastest and recommended)."""
+    path = tmp_path / f"{case}.yaml"
+    write(path)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster={path}", "presets=[ddp,ddp_fp16]",
+                                      "forward_s=0.01", "backward_s=0.02", "optimizer_s=0.005", f"out={out}"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    line = error_line(capsys.readouterr().err)
+    assert e.value.code == 2 and words in line, line
+    assert f"{path}: " in line and not out.exists()
+
+
+def test_a_fifo_as_cluster_file_is_refused_at_once(tmp_path, monkeypatch, capsys):
+    """A FIFO with no writer is refused, not waited on. (Were it opened to wait for a writer, one comes after 10 s
+    and closes at once, so that this test fails rather than hangs.)"""
+    fifo = tmp_path / "cluster.yaml"
+    os.mkfifo(fifo)
+    rescue = threading.Timer(10, lambda: os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK)))
+    rescue.daemon = True
+    rescue.start()
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster={fifo}", f"out={tmp_path / 'out'}"])
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        rescue.cancel()
+    assert time.monotonic() - t0 < 10 and e.value.code == 2
+    assert f"cluster={fifo}: cannot read it (not a regular file)" in error_line(capsys.readouterr().err)
+
+
+BENCH_ROW = {"algorithm": "ring", "size_bytes": 4 << 20, "count": 1 << 20, "nodes": 2, "ranks_per_node": 2,
+             "link": "x", "time_us": 5e4}
+BAD_BENCH = [
+    ("dict", BENCH_ROW, "not a list of rows"),
+    ("missing", [BENCH_ROW, {"algorithm": "ring", "size_bytes": 1024}], "row 1: no 'link'"),
+    ("nan_time", [BENCH_ROW | {"time_us": float("nan")}], "row 0: time_us=nan must be a finite number > 0"),
+    ("zero_nodes", [BENCH_ROW | {"nodes": 0}], "row 0: nodes=0 must be a finite number > 0"),
+    ("string_count", [BENCH_ROW | {"count": "many"}], "row 0: count='many' is not an integer"),
+    ("odd_algorithm", [BENCH_ROW | {"algorithm": "ring+powersgd"}], "algorithm 'ring+powersgd' is none"),
+    ("a_number", [3], "row 0: a int, not a row"),
+]
+
+
+@pytest.mark.parametrize("case, content, words", BAD_BENCH, ids=[c[0] for c in BAD_BENCH])
+def test_accuracy_on_a_bench_file_of_the_wrong_shape_is_one_line_naming_it(tmp_path, monkeypatch, capsys, case,
+                                                                          content, words):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(content))  # (json writes NaN for a NaN, as ringexp.bench would have)
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "accuracy", f"bench=[{path}]", f"out={tmp_path / 'acc'}"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    line = error_line(capsys.readouterr().err)
+    assert e.value.code == 2 and f"bench={path}: " in line and words in line, line
+    assert not (tmp_path / "acc").exists()
