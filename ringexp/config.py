@@ -206,6 +206,7 @@ class ParallelConfig:
     find_unused_parameters: bool = False
     segment_kb: Optional[int] = None  # ring / hierarchical: pipeline segment size; null = half a chunk, 1-16 MiB
     nodes: Optional[int] = None  # hierarchical: emulated nodes; null = real nodes (world / local world size)
+    emulate_nodes: int = 1  # hierarchical with nodes null, when the job runs on one real node: nodes to emulate
     variant: HierarchicalVariant = HierarchicalVariant.two_level  # hierarchical: two_level or leader
     timeout_s: float = 300.0  # every collective wait of ring / hierarchical / naive
     reshard_after_forward: bool = True  # fsdp: free gathered parameters after forward, gather again in backward
@@ -217,6 +218,7 @@ class ParallelConfig:
         need(self.segment_kb is None or self.segment_kb >= 1, "parallel.segment_kb", self.segment_kb,
              "the ring's segments need at least 1 KiB")
         need(self.nodes is None or self.nodes >= 1, "parallel.nodes", self.nodes, "must be >= 1, or null")
+        need(self.emulate_nodes >= 1, "parallel.emulate_nodes", self.emulate_nodes, "must be >= 1")
         need(self.timeout_s > 0, "parallel.timeout_s", self.timeout_s, "must be > 0 seconds")
         need(self.forward_prefetch >= 0 and self.backward_prefetch >= 0, "parallel.forward_prefetch, backward_prefetch",
              f"{self.forward_prefetch}, {self.backward_prefetch}", "count blocks: must be >= 0")

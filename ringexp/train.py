@@ -168,11 +168,11 @@ def report(summary: dict, run_dir: Path) -> None:
 
 
 def worker_rank_main() -> None:
-    """A non-zero rank under an external torchrun: same config, no run directory of its own."""
+    """A non-zero rank under an external torchrun: same config, no run directory of its own. A configuration error
+    is rank 0's to print (it composes the same config): once, not once per rank."""
     try:
         config = compose_config([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
-    except ConfigError as e:
-        print_error(str(e))
+    except ConfigError:
         sys.exit(2)
     try:
         run_worker(config, None, None)

@@ -33,6 +33,7 @@ def checked(cfg) -> TrainConfig:
     except OmegaConfBaseException as e:  # e.g. a mandatory value deleted with ~key
         raise ConfigError(f"{getattr(e, 'full_key', None) or 'config'}: {str(e).splitlines()[0]}") from None
     resolve_launcher(config)
+    resolve_nodes(config)
     check(config)
     return config
 
@@ -59,6 +60,22 @@ def resolve_launcher(cfg: TrainConfig) -> None:
     cfg.launcher.device = resolve_device(cfg.launcher.device)
     if cfg.launcher.nproc_per_node is None:
         cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == Device.cuda else 2
+
+
+def resolve_nodes(cfg: TrainConfig) -> None:
+    """`parallel.nodes` made concrete where the config leaves it to the job: on one real node, the
+    `parallel.emulate_nodes` a hierarchical preset asks for; across real nodes, null (the launcher's own)."""
+    p = cfg.parallel
+    if p.strategy == StrategyName.hierarchical and p.nodes is None and p.emulate_nodes > 1 and job_nodes() == 1:
+        p.nodes = p.emulate_nodes
+
+
+def job_nodes() -> int:
+    """The real nodes of the job: an external launcher's (torchrun: world / local world size; Slurm: its node
+    count), else this one."""
+    if "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        return max(1, int(os.environ["WORLD_SIZE"]) // max(1, int(os.environ["LOCAL_WORLD_SIZE"])))
+    return int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1")))
 
 
 def job_world(cfg: TrainConfig) -> int:

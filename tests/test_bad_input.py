@@ -1,5 +1,8 @@
 """Bad input from a user: one short line, the right exit code, no traceback, no half-written run."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import run_cli
@@ -146,3 +149,13 @@ def test_the_cli_keeps_hydras_short_message_for_composition_errors(overrides, wo
     assert r.returncode == 1
     assert words in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 25, r.stderr
+
+
+def test_under_torchrun_a_validation_error_is_printed_once(tmp_path):
+    """Every rank composes the same config: rank 0 says what is wrong, the others only exit (they printed it too)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ringexp.train",
+           "data.batch_size=0", f"hydra.run.dir={tmp_path / 'run'}"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("ringexp: error:")]
+    assert lines == ["ringexp: error: data.batch_size=0: need at least 1 sample per batch"], r.stderr[-3000:]
+    assert r.returncode != 0 and not (tmp_path / "run").exists()

@@ -143,6 +143,21 @@ def test_a_range_is_checked_even_when_its_group_is_off():
         validate(composed(["data.val_fraction=2"]))
 
 
+@pytest.mark.parametrize("preset", ["hierarchical", "hierarchical_int8"])
+def test_hierarchical_presets_take_the_real_nodes_and_emulate_two_on_one(monkeypatch, preset):
+    """The presets once forced parallel.nodes=2: on 3 nodes x 1 rank (scripts/cluster_local.sh torchrun) they were
+    refused ("parallel.nodes=2 does not divide the 3 workers")."""
+    assert compose_config([f"+parallel={preset}"]).parallel.nodes == 2  # one machine: 2 emulated nodes
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert compose_config([f"+parallel={preset}"]).parallel.nodes is None  # the 3 real ones
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("SLURM_NTASKS", "6")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "3")
+    assert compose_config([f"+parallel={preset}"]).parallel.nodes is None
+
+
 def test_validation_judges_the_world_the_job_really_has(monkeypatch):
     """Under torchrun or Slurm on several nodes the world is the launcher's, not launcher.nproc_per_node (2)."""
     monkeypatch.setenv("WORLD_SIZE", "4")

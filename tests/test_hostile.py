@@ -243,6 +243,22 @@ def test_ctrl_c_while_training_stops_cleanly_keeping_everything(tmp_path):
     assert r.returncode == 0 and read_summary(run_dir)["resumed_from"]["step"] >= 5, r.stderr[-3000:]
 
 
+@pytest.mark.parametrize("gap_s", [0.05, 0.6])
+def test_a_double_ctrl_c_is_one_line_and_exit_130(tmp_path, gap_s):
+    """The second Ctrl-C while the workers stop (they are killed: one line saying so) or once they have stopped
+    (the launcher is writing its line: ignored). Neither may print a KeyboardInterrupt traceback."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *RUN, "steps=100000", "data.num_workers=1")
+    wait_for_step(proc, run_dir, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(gap_s)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert len(err.strip().splitlines()) == 1 and error_line(err).startswith("ringexp: error: interrupted"), err
+
+
 def test_sigterm_to_the_launcher_alone_stops_the_workers_without_a_restart(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, *RUN, "steps=100000", "launcher.max_restarts=2")
