@@ -61,8 +61,8 @@ def find(resume, run_dir) -> tuple:
     if (path / "meta.json").is_file():
         problem = damage(path)
         if problem:
-            raise ConfigError(f"resume: {path}/{problem}; resume from another checkpoint (resume=auto takes the "
-                              "newest intact one)")
+            raise ConfigError(f"resume: {path}/{problem}; resume from another checkpoint (resume={path.parent.parent} "
+                              "takes the newest intact one of that run)")
         return path, []
     return newest_intact(path, required=True)
 

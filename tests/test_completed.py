@@ -147,3 +147,20 @@ def test_a_checkpoint_file_that_is_a_fifo_a_symlink_or_unlisted_is_damaged(compl
     assert checkpoint.damage(newest) is None
     (newest / "extra.distcp").write_bytes(b"x")
     assert checkpoint.damage(newest) == "extra.distcp is not listed in meta.json (added afterwards)"
+
+
+@pytest.mark.parametrize("case", ["invalid UTF-8 in a row", "a row nested too deeply", "summary.json nested"])
+def test_records_resume_cannot_read_are_named_and_left_as_they_are(case, completed, tmp_path):
+    run_dir = copy(completed, tmp_path)
+    if case == "summary.json nested":
+        (run_dir / "summary.json").write_text("[" * 100000 + "]" * 100000)
+        name = "summary.json"
+    else:
+        rows = (run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+        rows[3] = b'{"step": 4, "x": "\xff\xfe"}\n' if "UTF-8" in case else b"[" * 100000 + b"\n"
+        (run_dir / "metrics.jsonl").write_bytes(b"".join(rows))
+        name = "metrics.jsonl:4"
+    before = files(run_dir)
+    said = refused(run_dir, "steps=16", "resume=auto")
+    assert f"{run_dir}/{name}" in said and "\n" not in said and len(said) < 400, said
+    assert files(run_dir) == before

@@ -145,7 +145,8 @@ def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
 
     forge(newest, ".metadata", original)  # 2. a byte item (the learning rate) that runs a command
     shard, offset, length = byte_item(newest, "optimizer.param_groups.0.lr")
-    data = bytearray((newest / shard).read_bytes())
+    shard_bytes = (newest / shard).read_bytes()
+    data = bytearray(shard_bytes)
     data[offset:offset + len(planted)] = planted
     forge(newest, shard, bytes(data))
     refused("byte_item", f"{newest / shard}: item 'optimizer.param_groups.0.lr' cannot be loaded as plain values")
@@ -160,6 +161,20 @@ def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
                                                                length=len(planted))
     forge(newest, ".metadata", pickle.dumps(metadata))
     refused("outside", f"{newest / '.metadata'}: item 'optimizer.param_groups.0.lr' is stored as '{outside}'")
+
+    # 4. a tensor's bytes made unreadable: DCP fails inside its collective with a CheckpointException, a
+    # BaseException that passed through `except Exception` as a traceback
+    forge(newest, ".metadata", original)
+    index = next(k for k, v in pickle.loads(original).storage_data.items() if k.fqn.startswith("model."))
+    info = pickle.loads(original).storage_data[index]
+    data = bytearray(shard_bytes if info.relative_path == shard else (newest / info.relative_path).read_bytes())
+    data[info.offset:info.offset + 64] = bytes(64)
+    forge(newest, info.relative_path, bytes(data))
+    if info.relative_path != shard:
+        forge(newest, shard, shard_bytes)
+    r = run_cli(tmp_path / "tensor", *again)
+    assert r.returncode != 0 and f"resume: {newest}: the shards cannot be loaded (" in error_line(r.stderr), \
+        r.stderr[-3000:]
 
     shard = sorted(older.glob("*.distcp"))[-1]
     shard.write_bytes(shard.read_bytes()[:100])
@@ -347,12 +362,28 @@ def test_a_full_disk_while_resuming_is_named_and_loses_nothing(tmp_path):
         subprocess.run(["umount", "-l", str(run_dir)], check=False)
 
 
-@pytest.mark.parametrize("where", ["/proc/ringexp-run", "/dev/null/run"])
-def test_an_unwritable_run_directory_is_one_line(tmp_path, where):
-    r = subprocess.run([sys.executable, "-m", "ringexp.train", "steps=2", f"hydra.run.dir={where}"], cwd=ROOT,
+@pytest.mark.parametrize("where,said", [
+    (["hydra.run.dir=/proc/ringexp-run"], "hydra.run.dir=/proc/ringexp-run: cannot write there"),
+    (["hydra.run.dir=/dev/null/run"], "hydra.run.dir=/dev/null/run: cannot write there (not a directory)"),
+    # interpolated: resolved only inside Hydra, which answered with two tracebacks
+    (["hydra.run.dir=/proc/ringexp-${now:%Y}"], "hydra.run.dir=/proc/ringexp-20"),
+    (["-m", "hydra.sweep.dir=SWEEP", "hydra.sweep.subdir=/proc/ringexp-${hydra.job.num}"],
+     "hydra.sweep.subdir=/proc/ringexp-0: cannot write there"),
+])
+def test_an_unwritable_run_directory_is_one_line(tmp_path, where, said):
+    where = [w.replace("SWEEP", str(tmp_path / "sweep")) for w in where]
+    r = subprocess.run([sys.executable, "-m", "ringexp.train", *where, "steps=2"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert f"hydra.run.dir={where}: cannot write there" in error_line(r.stderr)
+    assert said in error_line(r.stderr)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_run_directory_with_a_newline_is_refused_and_nothing_is_made(tmp_path):
+    """Hydra refuses the override itself; ringexp once made the directory before Hydra read it."""
+    r = run_cli(tmp_path / "a\nb", "steps=2")
+    assert r.returncode != 0 and "Traceback" not in r.stderr.split("Set the environment variable")[0], r.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- images ----------------------------------------------------------------------------------------------------
