@@ -5,7 +5,9 @@ or Slurm runs; `--wandb ENTITY/PROJECT --group NAME` reads the same numbers from
 row per run: the overrides that differ between the runs, median throughput with its p10-p90 spread, the
 speed-up against a baseline row (`--baseline TEXT`: the first row whose label contains TEXT; default: the
 `ddp` row, else the first), the step time split, bytes per step, final/best macro-AUROC and F1, peak memory.
-Failed runs are listed with their error. Every sweep of `ringexp.train -m` ends with this report written
+Failed runs are listed with their error; a run whose records cannot be used (a file that is not a run's record, a
+FIFO, a symlink, a summary lacking or mistyping what the table reads) as unreadable, with the file and why, and
+the other runs are reported as before. Every sweep of `ringexp.train -m` ends with this report written
 into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
 """
 
@@ -13,16 +15,17 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
+import yaml
 from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import backend, compress, costmodel, records
 from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml
-from ringexp.errors import ConfigError, print_error, print_warning
+from ringexp.errors import ConfigError, one_line, print_error, print_warning
 from ringexp.models import build_model
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
@@ -30,6 +33,81 @@ HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute 
         "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
 PREDICTED = ["predicted comm ms", "predicted step ms", "step error"]  # runs on a calibrated cluster only
 BACKWARD_SHARE = 2 / 3  # of forward + backward: backward costs twice forward (Kaplan et al. 2020, 6N = 2N + 4N)
+HYDRA_OVERRIDES = Path(".hydra", "overrides.yaml")
+# the most a YAML file compare reads may hold: a run's hold a few kilobytes, and PyYAML takes seconds over a
+# planted 64 KiB (up to 4 s a 256 KiB one, of a list nested hundreds deep)
+YAML_LIMIT = 64 << 10
+BIG = 1e300  # a number beyond it (or an integer too big for a float) would overflow the table's arithmetic
+
+
+def _text(v) -> bool:
+    """str that can be written out as UTF-8 (JSON can hold a lone surrogate, "\\ud800", which cannot)."""
+    if not isinstance(v, str):
+        return False
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text_map(v) -> bool:
+    return isinstance(v, dict) and all(_text(x) for item in v.items() for x in item)
+
+
+def _backend_record(v) -> bool:
+    """What backend.chosen reads: `env` and `from`, text to text (`from` may be left out when `env` is empty)."""
+    return (isinstance(v, dict) and _text_map(v.get("env", {}))
+            and _text_map(v.get("from", None if v.get("env") else {})))
+
+
+# The kinds of value a summary's keys may hold, and what table(), plots() and predicted() read from a summary:
+# checked once, when a run is loaded, so that the report can rely on them. A key may be absent or null unless
+# REQUIRED.
+KINDS = {
+    "text": _text,
+    "a number": lambda v: type(v) in (int, float) and -BIG < v < BIG,  # not bool, NaN or infinite
+    "a number >= 0": lambda v: type(v) in (int, float) and 0 <= v < BIG,
+    "a count >= 1": lambda v: type(v) is int and 1 <= v < BIG,
+    "a mapping": lambda v: isinstance(v, dict),
+    "a list of text": lambda v: isinstance(v, list) and all(map(_text, v)),
+    "a backend record": _backend_record,
+}
+EVERY_RUN = {"status": "text", "error": "text", "overrides": "a list of text"}
+COMPLETED = {
+    "throughput": "a mapping", **{f"throughput.{k}": "a number >= 0" for k in ("median", "p10", "p90")},
+    "final": "a mapping", "final.auroc_macro": "a number >= 0", "final.f1_macro": "a number >= 0",
+    "best": "a mapping", "best.auroc_macro": "a number >= 0",
+    "time": "a mapping", "time.verdict": "text", "time.other_s": "a number",  # what the parts leave unexplained
+    **{f"time.{k}": "a number >= 0" for k in ("step_s", "data_s", "compute_s", "comm_s", "exposed_comm_s",
+                                              "optimizer_s", "overlap")},
+    "memory": "a mapping", "memory.peak_bytes": "a number >= 0", "peak_memory_bytes": "a number >= 0",
+    "wire_bytes_per_rank_per_step": "a number >= 0", "world_size": "a count >= 1", "job_type": "text",
+    "nodes": "a count >= 1", "ranks_per_node": "a count >= 1", "link": "text", "backend_env": "a backend record",
+}
+REQUIRED = {"status", "throughput", "final", "best"}
+
+
+def shape_error(summary) -> str | None:
+    """What makes `summary` one the report cannot use (the first key missing or of the wrong kind), or None."""
+    if not isinstance(summary, dict):
+        return f"holds {_described(summary)}, not a summary"
+    for key, kind in (EVERY_RUN | (COMPLETED if summary.get("status") == "completed" else {})).items():
+        value = summary
+        for part in key.split("."):  # a key's mapping comes before it in the table: a dict or absent here
+            value = value.get(part) if value is not None else None
+        if value is None and key in REQUIRED:
+            return f"no {key}, which must be {kind}"
+        if value is not None and not KINDS[kind](value):
+            return f"{key} is {_described(value)}, not {kind}"
+    return None
+
+
+def _described(value) -> str:
+    """A value in a message: short, and never the repr of a container (which may be nested deep)."""
+    if isinstance(value, list) and value:
+        return f"a list of {', '.join(sorted({type(x).__name__ for x in value}))}"
+    return ascii(value)[:40] if isinstance(value, str | int | float) else f"a {type(value).__name__}"
 
 
 def load_local(paths) -> list:
@@ -38,31 +116,71 @@ def load_local(paths) -> list:
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such directory")
-        files = [p / "summary.json"] if (p / "summary.json").exists() else sorted(
-            p.rglob("summary.json"), key=lambda f: [int(x) if x.isdigit() else x for x in f.parent.parts])
-        for f in files:
-            if f.parent in seen:
-                continue
-            seen.add(f.parent)
-            rows = records.read_rows(f.parent)  # a line cut short by a killed run is dropped, the run kept
-            summary = readable_summary(f)
-            hydra_overrides = f.parent / ".hydra" / "overrides.yaml"
-            if "overrides" not in summary and hydra_overrides.exists():  # a run that failed before it started
-                summary["overrides"] = list(OmegaConf.load(hydra_overrides))
-            runs.append({"dir": str(f.parent), "summary": summary, "rows": rows})
+        for f in summaries(p):
+            if f.parent not in seen:
+                seen.add(f.parent)
+                runs.append(load_run(f.parent))
     return runs
 
 
-def readable_summary(f: Path) -> dict:
-    """The summary, or one that lists the run as unreadable with its path and why (cut-off text, `[]`, `null`):
-    one broken file must not cost the report of every other run."""
+def summaries(p: Path) -> list:
+    """The summary.json of run directory `p`, or every one below `p`: jobs by number (2 before 10), then runs by
+    name (a sweep's `0` beside a `baseline`: a part is compared as a number only with another number)."""
+    if os.path.lexists(p / records.SUMMARY):
+        return [p / records.SUMMARY]
+    return sorted(p.rglob(records.SUMMARY),
+                  key=lambda f: [(0, int(x), "") if x.isdecimal() else (1, 0, x) for x in f.parent.parts])
+
+
+def load_run(run_dir: Path) -> dict:
+    """{"dir", "summary", "rows"} of one run directory. A file of it that cannot be read, or that holds what no
+    run wrote, makes the run unreadable, that file and why in its summary's place: one broken run must not cost
+    the report of every other run."""
+    path = run_dir / records.SUMMARY  # the file being read: the one to name if it cannot be
     try:
-        summary = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return {"status": "unreadable", "error": f"{f}: unreadable ({type(e).__name__}: {e})"}
-    if not isinstance(summary, dict):
-        return {"status": "unreadable", "error": f"{f}: unreadable (holds {type(summary).__name__}, not a summary)"}
-    return summary
+        summary = records.read_summary(run_dir)
+        if (bad := shape_error(summary)) is not None:
+            raise ValueError(bad)
+        path = run_dir / records.METRICS
+        rows = records.read_rows(run_dir)  # a line cut short by a killed run is dropped, the run kept
+        path = run_dir / HYDRA_OVERRIDES
+        if "overrides" not in summary and os.path.lexists(path):  # a run that failed before it started
+            summary["overrides"] = hydra_overrides(path)
+    except (OSError, ValueError) as e:
+        return {"dir": str(run_dir), "summary": unreadable(path, e), "rows": []}
+    return {"dir": str(run_dir), "summary": summary, "rows": rows}
+
+
+def unreadable(path, e: Exception) -> dict:
+    """The summary of a run listed as unreadable: the file and why (an OSError's own words, without the path;
+    records names the line of metrics.jsonl)."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    if why.startswith(f"{path}:"):
+        why = "line " + why[len(f"{path}:"):]
+    elif isinstance(e, json.JSONDecodeError | UnicodeDecodeError):
+        why = f"{type(e).__name__}: {why}"
+    return {"status": "unreadable", "error": f"{printable_path(path)}: unreadable ({why})"}
+
+
+def printable_path(path) -> str:
+    """A path as text that can be printed and written anywhere: a name's bytes that are not UTF-8 as \\xNN."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def hydra_overrides(path) -> list:
+    """.hydra/overrides.yaml: Hydra's list of the command line's overrides; ValueError if it holds anything else.
+    (yaml.safe_load builds plain values, an alias one shared object, never copies: no YAML bomb grows here.)"""
+    try:
+        value = yaml.safe_load(records.read_bytes(path, YAML_LIMIT))
+    except RecursionError:
+        raise ValueError("YAML nested too deeply") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ValueError(f"not YAML{where}: {getattr(e, 'problem', None) or one_line(str(e))}") from None
+    if not KINDS["a list of text"](value):
+        raise ValueError(f"holds {_described(value)}; Hydra writes a list of text")
+    return value
 
 
 def load_wandb(path: str, group: str) -> list:
@@ -74,6 +192,9 @@ def load_wandb(path: str, group: str) -> list:
         summary = unflatten({k: v for k, v in r.summary.items() if not k.startswith("_")})
         summary.setdefault("status", "completed" if r.state == "finished" else r.state)
         summary.setdefault("overrides", (r.name or "").split(","))
+        if (bad := shape_error(summary)) is not None:
+            runs.append({"dir": r.url, "summary": unreadable(r.url, ValueError(bad)), "rows": []})
+            continue
         rows = [{"step": h.get("_step"), **h} for h in r.scan_history()]
         runs.append({"dir": r.url, "summary": summary, "rows": rows})
     return runs
@@ -90,10 +211,14 @@ def unflatten(flat: dict) -> dict:
 
 
 def labels(runs) -> list:
-    """Each run's overrides that are not shared by every run (what the sweep varied)."""
-    over = [[o for o in r["summary"].get("overrides", []) if not o.startswith(("name=", "hydra."))] for r in runs]
-    common = set.intersection(*map(set, over)) if over else set()
-    return [" ".join(o for o in ov if o not in common) or "(all the same)" for ov in over]
+    """Each run's overrides that are not shared by every run (what the sweep varied); a run without any (one that
+    could not be read) is named by its directory, and takes no part in what the others share."""
+    over = [None if "overrides" not in r["summary"] else
+            [o for o in r["summary"]["overrides"] if not o.startswith(("name=", "hydra."))] for r in runs]
+    known = [set(ov) for ov in over if ov is not None]
+    common = set.intersection(*known) if known else set()
+    return [printable_path(r["dir"]) if ov is None else " ".join(o for o in ov if o not in common) or "(all the same)"
+            for r, ov in zip(runs, over, strict=True)]
 
 
 def table(runs, baseline: str | None = None):
@@ -110,20 +235,20 @@ def table(runs, baseline: str | None = None):
     base = next((i for i, (label, _) in enumerate(done) if baseline and baseline in label), None)
     if base is None:
         base = next((i for i, (_, r) in enumerate(done) if r["summary"].get("job_type") == "ddp"), 0)
-    base_tp = done[base][1]["summary"]["throughput"]["median"]
+    base_tp = done[base][1]["summary"]["throughput"].get("median")
     rows, clusters = [], calibrations()
     for label, run in done:
         s = run["summary"]
         tp, t, m = s["throughput"], s.get("time", {}), s.get("memory", {})
-        step, comm = t.get("step_s"), t.get("comm_s")
+        step, comm, median = t.get("step_s"), t.get("comm_s"), tp.get("median")
         rows.append({
-            "run": label, "ranks": s.get("world_size"), "samples/s": tp["median"],
-            "p10-p90": f"{tp['p10']:.0f}-{tp['p90']:.0f}" if tp.get("p10") is not None else None,
-            "speed-up": tp["median"] / base_tp if base_tp else None,
+            "run": label, "ranks": s.get("world_size"), "samples/s": median,
+            "p10-p90": f"{tp['p10']:.0f}-{tp['p90']:.0f}" if None not in (tp.get("p10"), tp.get("p90")) else None,
+            "speed-up": median / base_tp if median is not None and base_tp else None,
             "step ms": _ms(step), "compute ms": _ms(t.get("compute_s")),
             "exposed comm ms": _ms(t.get("exposed_comm_s")),
             "comm share": comm / step if comm is not None and step else None, "overlap": t.get("overlap"),
-            "wire kB/step": s.get("wire_bytes_per_rank_per_step", 0) / 1e3,
+            "wire kB/step": (s.get("wire_bytes_per_rank_per_step") or 0) / 1e3,
             "final AUROC": s["final"].get("auroc_macro"), "best AUROC": s["best"].get("auroc_macro"),
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
@@ -143,7 +268,7 @@ def calibrations() -> dict:
     out = {}
     for path in sorted(Path(CONF_DIR, "cluster").glob("*.yaml")):
         try:
-            cl = load_yaml(ClusterConfig, path)
+            cl = load_yaml(ClusterConfig, path, records.read_bytes(path, YAML_LIMIT, follow=True))
         except (OmegaConfBaseException, ConfigError, OSError):
             continue
         out.setdefault((cl.nodes, cl.ranks_per_node, cl.link), cl)
@@ -157,10 +282,10 @@ def predicted(run: dict, clusters: dict) -> dict:
     s, t = run["summary"], run["summary"].get("time", {})
     cl = clusters.get((s.get("nodes"), s.get("ranks_per_node"), s.get("link")))
     cfg_file = Path(run["dir"]) / "config.yaml"
-    if cl is None or not cfg_file.exists() or t.get("compute_s") is None:
+    if cl is None or not os.path.lexists(cfg_file) or t.get("compute_s") is None:
         return {}
     try:
-        cfg = load_yaml(TrainConfig, cfg_file)
+        cfg = load_yaml(TrainConfig, cfg_file, records.read_bytes(cfg_file, YAML_LIMIT))
         shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters() if p.requires_grad]
         micro = cfg.accumulation.steps
         fb = t["compute_s"] / micro
@@ -168,10 +293,10 @@ def predicted(run: dict, clusters: dict) -> dict:
         psgd = (compress.powersgd.arithmetic_s(shapes, cfg.compression) * cl.compute_slowdown
                 if cfg.compression.name == "powersgd" and cl.backend == "gloo" else None)
         got = costmodel.predict_step(cl, cfg, shapes, (1 - BACKWARD_SHARE) * fb, BACKWARD_SHARE * fb,
-                                     t.get("optimizer_s", 0.0), psgd)
+                                     t.get("optimizer_s") or 0.0, psgd)
     except (OmegaConfBaseException, ConfigError, ValueError, OSError):
         return {}
-    step = got["step_s"] + t.get("data_s", 0.0) + t.get("other_s", 0.0)
+    step = got["step_s"] + (t.get("data_s") or 0.0) + (t.get("other_s") or 0.0)
     return {"predicted comm ms": 1e3 * got["comm_s"], "predicted step ms": 1e3 * step,
             "step error": step / t["step_s"] - 1 if t.get("step_s") else None}
 
@@ -250,9 +375,11 @@ def plots(runs, rows, out: Path) -> None:
     ticks = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
     tps = [r["summary"]["throughput"] for r in done]
-    ax.bar(ticks, [t["median"] for t in tps], color="tab:blue",
-           yerr=[[t["median"] - (t["p10"] or t["median"]) for t in tps],
-                 [(t["p90"] or t["median"]) - t["median"] for t in tps]], capsize=4)
+    medians = [t.get("median") or 0 for t in tps]
+    # p10 <= median <= p90 in every summary ringexp writes; a bar is drawn whatever another one holds
+    ax.bar(ticks, medians, color="tab:blue", capsize=4,
+           yerr=[[max(0, m - (t.get("p10") or m)) for m, t in zip(medians, tps, strict=True)],
+                 [max(0, (t.get("p90") or m) - m) for m, t in zip(medians, tps, strict=True)]])
     ax.set_xticks(list(ticks), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("samples/s (median, p10-p90)")
     ax.set_title("Throughput")
@@ -262,9 +389,10 @@ def plots(runs, rows, out: Path) -> None:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for run, name in zip(done, names, strict=True):
-        vals = [r for r in run["rows"] if r.get("val/auroc_macro") is not None]
+        # rows hold whatever a run logged (read_rows checks `step` only): only numbers are plotted
+        vals = [r for r in run["rows"] if all(KINDS["a number"](r.get(k)) for k in ("step", "val/auroc_macro"))]
         a1.plot([r["step"] for r in vals], [r["val/auroc_macro"] for r in vals], marker="o", label=name)
-        if vals and all("train/elapsed_s" in r for r in vals):
+        if vals and all(KINDS["a number"](r.get("train/elapsed_s")) for r in vals):
             a2.plot([r["train/elapsed_s"] for r in vals], [r["val/auroc_macro"] for r in vals], marker="o", label=name)
     a1.set(xlabel="step", ylabel="validation macro-AUROC", title="AUROC against step")
     a2.set(xlabel="training time (s)", ylabel="validation macro-AUROC", title="AUROC against wall-clock")
@@ -333,7 +461,7 @@ def main(argv=None) -> int:
             runs = load_local(args.paths)
         if not runs:
             raise ValueError(f"no runs (summary.json) under {' '.join(args.paths) or args.group}")
-    except (ValueError, FileNotFoundError, json.JSONDecodeError) as e:
+    except (ValueError, FileNotFoundError) as e:
         print_error(str(e))
         return 2
     out = Path(args.out) if args.out else (Path(args.paths[0]) if len(args.paths) == 1 else None)

@@ -484,13 +484,7 @@ def load_yaml(schema, path, data: Optional[bytes] = None, over=None):
     data = Path(path).read_bytes() if data is None else data
     try:
         text = data.decode("utf-8")
-        events = list(yaml.parse(text, Loader=yaml.SafeLoader))
-        # an alias repeats a whole subtree: a few lines of them nest into billions of nodes once built
-        if any(isinstance(event, yaml.AliasEvent) for event in events):
-            raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
-        # after stream and document start; an empty file would silently stand for the defaults
-        if len(events) < 3 or not isinstance(events[2], yaml.MappingStartEvent):
-            raise ConfigError("not a YAML mapping of keys to values")
+        check_yaml_events(text)
         node = OmegaConf.create(text)
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema) if over is None else over, node))
     except UnicodeDecodeError as e:
@@ -503,6 +497,26 @@ def load_yaml(schema, path, data: Optional[bytes] = None, over=None):
         raise ConfigError(f"{path}: {one_line(str(e))}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a config") from None
+
+
+YAML_DEPTH = 32  # ringexp's YAML files nest 3 levels; PyYAML's parser slows down quadratically with nesting
+
+
+def check_yaml_events(text: str) -> None:
+    """ConfigError unless `text` is one YAML mapping, nested at most YAML_DEPTH deep, without aliases (an alias
+    repeats a whole subtree: a few lines of them nest into billions of nodes once built). Read as a stream of
+    parser events, stopped at the first problem: nothing is built."""
+    depth, i = 0, -1
+    for i, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
+        if isinstance(event, yaml.AliasEvent):
+            raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
+        if i == 2 and not isinstance(event, yaml.MappingStartEvent):  # (after stream and document start)
+            raise ConfigError("not a YAML mapping of keys to values")
+        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+        if depth > YAML_DEPTH:
+            raise ConfigError(f"nested more than {YAML_DEPTH} deep, which no config is")
+    if i < 2:  # an empty file would silently stand for the defaults
+        raise ConfigError("not a YAML mapping of keys to values")
 
 
 def plain(cfg) -> dict:
