@@ -38,8 +38,16 @@ PEER_LOST = ("peer", "connection closed", "connection reset", "broken pipe", "ti
              "socket timeout", "connect timeout", "unreachable", "no route to host")
 
 
+TIMED_OUT = ("timed out", "timeout caused")  # a wait ran out (gloo's words for the pair it then closed too)
+
+
 def peer_lost(message: str) -> bool:
     return any(p in message.lower() for p in PEER_LOST)
+
+
+def timed_out(message: str) -> bool:
+    """The error says a wait ran out: the peer hangs or was stopped (one that died resets the connection)."""
+    return any(p in message.lower() for p in TIMED_OUT)
 
 
 def print_error(message: str) -> None:

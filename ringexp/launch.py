@@ -19,7 +19,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from ringexp import backend, checkpoint, records, stop
 from ringexp import dist as rdist
 from ringexp.config import Device
-from ringexp.errors import PeerLost, one_line, peer_lost
+from ringexp.errors import PeerLost, one_line, peer_lost, timed_out
 from ringexp.trainer import Trainer
 
 log = logging.getLogger("ringexp")
@@ -111,7 +111,7 @@ def answer_wait(error: str, timeout_s: float) -> float:
     timed out waited timeout_s already, as every live rank did: 10 s is enough for them. A rank told at once (its
     neighbour's socket reset) must give the others their whole timeout to notice, or it names live ranks as gone
     (seen: a killed Slurm task's neighbour named all three others)."""
-    return min(10.0, timeout_s) if "timed out" in error.lower() else timeout_s + 10.0
+    return min(10.0, timeout_s) if timed_out(error) else timeout_s + 10.0
 
 
 def run_worker(cfg, run_dir, meta):
@@ -159,7 +159,7 @@ def attempt(cfg, run_dir, meta):
         # (Ctrl-C) ends it quietly instead.
         # On one node a dead peer is the agent's to name (it saw the signal); one that timed out hangs or was
         # stopped, and only its peers can tell.
-        silent = rdist.spans_nodes() or "timed out" in str(e).lower()
+        silent = rdist.spans_nodes() or timed_out(str(e))
         if peer_lost(str(e)) and silent and (not stop.requested() or stop.agent_stopping()):
             raise PeerLost(rdist.who_is_gone(gloo_message(one_line(str(e))),
                                              answer_wait(str(e), cfg.parallel.timeout_s), stop.requested)) from e

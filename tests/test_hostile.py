@@ -56,6 +56,9 @@ def test_damaged_checkpoints_are_found_before_anything_is_loaded(tmp_path):
     model = step12 / "model.pt"
     size = model.stat().st_size
     model.write_bytes(model.read_bytes()[: size // 2])  # cut in half
+    # ... in a run that died after its last checkpoint (a completed one is never continued from an earlier
+    # checkpoint: tests/test_completed.py)
+    (src / "summary.json").write_text(json.dumps({"status": "failed", "error": "killed"}))
 
     # resume=auto skips it, says which and why, and continues from the newest intact one
     r = run_cli(src, *CK, "steps=16", "resume=auto")
@@ -331,7 +334,8 @@ def test_a_worker_sent_a_signal_alone_is_named_with_the_signal(tmp_path, sig, wo
     assert words in line, line
     if sig == "SIGSTOP":
         assert f"rank 1 on {socket.gethostname()} (127.0.0.1) stopped answering (rank 1's pid " in line, line
-        assert "was stopped (SIGSTOP))" in line and took < 5 + 15, (took, line)
+        # (before: the timeout, then torch's 30 s of grace for the stopped rank's SIGTERM)
+        assert "was stopped (SIGSTOP))" in line and took < 30, (took, line)
 
 
 # --- the disk and the run directory ----------------------------------------------------------------------------
