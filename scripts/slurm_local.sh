@@ -44,10 +44,14 @@ start_accounting() {  # start_accounting DIR: MariaDB and slurmdbd on loopback, 
     "LogFile=$d/log/slurmdbd.log" >"$d/slurmdbd.conf"
   chmod 600 "$d/slurmdbd.conf"  # slurmdbd refuses a config others can read
   for _ in $(seq 1 60); do mariadb-admin -h 127.0.0.1 -P "$port" ping >/dev/null 2>&1 && break; sleep 0.5; done
-  pgrep -x slurmdbd >/dev/null || SLURM_CONF="$d/slurm.conf" slurmdbd  # reads slurmdbd.conf beside SLURM_CONF
+  running "$d/slurmdbd.pid" || SLURM_CONF="$d/slurm.conf" slurmdbd  # reads slurmdbd.conf beside SLURM_CONF
   for _ in $(seq 1 60); do (echo >/dev/tcp/127.0.0.1/6819) 2>/dev/null && return; sleep 0.5; done
   echo "slurm_local: slurmdbd did not start; see $d/log/" >&2
   return 1
+}
+
+running() {  # running PIDFILE: the daemon that wrote it is alive
+  [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
 accounting_pids() {  # accounting_pids DIR: the pids of start_accounting's daemons for DIR
@@ -120,8 +124,8 @@ up() {
   [ -e /etc/slurm/slurm.conf ] || ln -s "$conf" /etc/slurm/slurm.conf
   start_munge >/dev/null
   start_accounting "$dir" || exit 1
-  pgrep -x slurmctld >/dev/null || slurmctld -f "$conf"
-  pgrep -x slurmd >/dev/null || slurmd -f "$conf"
+  running "$dir/slurmctld.pid" || slurmctld -f "$conf"
+  running "$dir/slurmd-$host.pid" || slurmd -f "$conf"
   if wait_idle 1; then
     scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true
     echo "slurm_local: up ($host, partition local, config $conf)"; return
@@ -130,15 +134,15 @@ up() {
   exit 1
 }
 
-down() {
-  local pids
-  pids="$(accounting_pids "$dir")"
-  pkill -x slurmd 2>/dev/null || true
-  pkill -x slurmctld 2>/dev/null || true
+down() {  # the daemons this script started, by the pids they wrote into $dir (never others by name)
+  local pids alive
+  pids="$(cat "$dir/slurmctld.pid" "$dir"/slurmd-*.pid 2>/dev/null | tr '\n' ' ') $(accounting_pids "$dir" | tr '\n' ' ')"
   # shellcheck disable=SC2086
-  [ -z "$pids" ] || kill $pids 2>/dev/null || true
+  [ -z "${pids// }" ] || kill $pids 2>/dev/null || true
   for _ in $(seq 1 100); do  # gone, not just signalled: the next up needs the ports
-    pgrep -x slurmdbd >/dev/null || pgrep -f "mariadbd.*--datadir=$dir/db" >/dev/null || break
+    alive=""
+    for p in $pids; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ -z "$alive" ] && break
     sleep 0.1
   done
   echo "slurm_local: down"
