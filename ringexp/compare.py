@@ -24,8 +24,8 @@ from hydra.experimental.callback import Callback
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import backend, compress, costmodel, records
-from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml
-from ringexp.errors import ConfigError, one_line, print_error, print_warning
+from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml, yaml_text
+from ringexp.errors import ConfigError, print_error, print_warning
 from ringexp.models import build_model
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
@@ -34,9 +34,7 @@ HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute 
 PREDICTED = ["predicted comm ms", "predicted step ms", "step error"]  # runs on a calibrated cluster only
 BACKWARD_SHARE = 2 / 3  # of forward + backward: backward costs twice forward (Kaplan et al. 2020, 6N = 2N + 4N)
 HYDRA_OVERRIDES = Path(".hydra", "overrides.yaml")
-# the most a YAML file compare reads may hold: a run's hold a few kilobytes, and PyYAML takes seconds over a
-# planted 64 KiB (up to 4 s a 256 KiB one, of a list nested hundreds deep)
-YAML_LIMIT = 64 << 10
+YAML_LIMIT = 64 << 10  # the most a YAML file compare reads may hold: a run's hold a few kilobytes
 BIG = 1e300  # a number beyond it (or an integer too big for a float) would overflow the table's arithmetic
 
 
@@ -168,16 +166,11 @@ def printable_path(path) -> str:
 
 
 def hydra_overrides(path) -> list:
-    """.hydra/overrides.yaml: Hydra's list of the command line's overrides; ValueError if it holds anything else.
-    (yaml.safe_load builds plain values, an alias one shared object, never copies: no YAML bomb grows here.)"""
+    """.hydra/overrides.yaml: Hydra's list of the command line's overrides; ValueError if it holds anything else."""
     try:
-        value = yaml.safe_load(records.read_bytes(path, YAML_LIMIT))
-    except RecursionError:
-        raise ValueError("YAML nested too deeply") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ValueError(f"not YAML{where}: {getattr(e, 'problem', None) or one_line(str(e))}") from None
+        value = yaml.safe_load(yaml_text(path, records.read_bytes(path, YAML_LIMIT), mapping=False))
+    except ConfigError as e:
+        raise ValueError(str(e).removeprefix(f"{path}: ")) from None
     if not KINDS["a list of text"](value):
         raise ValueError(f"holds {_described(value)}; Hydra writes a list of text")
     return value

@@ -479,43 +479,50 @@ def load_yaml(schema, path, data: Optional[bytes] = None, over=None):
     """A YAML file (a run's config.yaml, a conf/cluster/ file) as the checked dataclass `schema`, merged over `over`
     (a config of that schema; default: the schema's defaults). `data`: the file's bytes, when the caller read them
     through records.read_bytes (which refuses FIFOs, devices and oversized files, and which this layer, below
-    records, cannot import); else read here. Anything wrong with the file is a ConfigError naming it: not UTF-8,
-    not YAML, an alias, nested too deeply, a wrong key or type, a value out of range."""
-    data = Path(path).read_bytes() if data is None else data
+    records, cannot import); else read here. Anything wrong with the file is a ConfigError naming it (yaml_text's,
+    a wrong key or type, a value out of range)."""
+    text = yaml_text(path, Path(path).read_bytes() if data is None else data)
     try:
-        text = data.decode("utf-8")
-        check_yaml_events(text)
         node = OmegaConf.create(text)
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema) if over is None else over, node))
+    except (yaml.YAMLError, OmegaConfBaseException, ConfigError) as e:
+        raise ConfigError(f"{path}: {one_line(str(e))}") from None
+
+
+def yaml_text(path, data: bytes, mapping: bool = True) -> str:
+    """A YAML file's bytes as text that is safe to build (check_yaml_events); ConfigError naming the file: not
+    UTF-8, not YAML (where), an alias, nested too deeply, not a mapping (when `mapping`)."""
+    try:
+        text = data.decode("utf-8")
+        check_yaml_events(text, mapping)
+        return text
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError(f"{path}: not valid YAML: {e.problem or e.context}{where}") from None
-    except (yaml.YAMLError, OmegaConfBaseException, ConfigError) as e:
+    except (yaml.YAMLError, ConfigError) as e:
         raise ConfigError(f"{path}: {one_line(str(e))}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a config") from None
 
 
 YAML_DEPTH = 32  # ringexp's YAML files nest 3 levels; PyYAML's parser slows down quadratically with nesting
 
 
-def check_yaml_events(text: str) -> None:
-    """ConfigError unless `text` is one YAML mapping, nested at most YAML_DEPTH deep, without aliases (an alias
-    repeats a whole subtree: a few lines of them nest into billions of nodes once built). Read as a stream of
-    parser events, stopped at the first problem: nothing is built."""
+def check_yaml_events(text: str, mapping: bool = True) -> None:
+    """ConfigError unless `text` is one YAML document (a mapping, when `mapping`), nested at most YAML_DEPTH deep,
+    without aliases (an alias repeats a whole subtree: a few lines of them nest into billions of nodes once
+    built). Read as a stream of parser events, stopped at the first problem: nothing is built."""
     depth, i = 0, -1
     for i, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
         if isinstance(event, yaml.AliasEvent):
             raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
-        if i == 2 and not isinstance(event, yaml.MappingStartEvent):  # (after stream and document start)
+        if mapping and i == 2 and not isinstance(event, yaml.MappingStartEvent):  # (after stream, document start)
             raise ConfigError("not a YAML mapping of keys to values")
         depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
         if depth > YAML_DEPTH:
             raise ConfigError(f"nested more than {YAML_DEPTH} deep, which no config is")
-    if i < 2:  # an empty file would silently stand for the defaults
+    if mapping and i < 2:  # an empty file would silently stand for the defaults
         raise ConfigError("not a YAML mapping of keys to values")
 
 

@@ -58,11 +58,10 @@ QUALITY_LOSS = {"none": 0.0, "fp16": 0.0, "bf16": 0.003, "int8": 0.005, "powersg
                 "randomk": 0.328, "sign": 0.052}
 PLOT_PRESETS = ("ddp", "hierarchical", "hierarchical_int8", "ring_fp16", "ddp_powersgd", "fsdp")
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
-# what `accuracy` reads of a bench.json row, and its type; the bench's algorithms ('ring:256': a segment size)
+# what `accuracy` reads of a bench.json row, and its type
 BENCH_KEYS = {"algorithm": str, "link": str, "size_bytes": int, "count": int, "nodes": int, "ranks_per_node": int,
               "time_us": (int, float)}
-BENCH_ALGORITHMS = ("builtin", "ring", "hierarchical", "leader", "naive")
-CLUSTER_LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB): YAML parses slowly in Python
+CLUSTER_LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB)
 
 
 def clusters() -> list:
@@ -483,7 +482,7 @@ def accuracy(pc: PlanConfig) -> None:
         except ConfigError as e:
             raise ConfigError(f"bench={path}: {e}") from None
         name, _, comp = r["algorithm"].partition("+")
-        algo = {"hierarchical": "two_level"}.get(name.split(":")[0], name.split(":")[0])
+        algo = model_algorithm(name)
         cname, _, where = comp.partition(":")
         c = CompressionConfig(name=cname or "none", error_feedback=False, scope="inter_node" if where else "all")
         predicted = costmodel.compressed_s(cl, c, algo, r["count"])
@@ -522,6 +521,12 @@ def bench_rows(path: str) -> list:
     return rows
 
 
+def model_algorithm(bench_name: str) -> str:
+    """The cost model's algorithm for a bench row's ('ring:256': a segment size; hierarchical is two_level)."""
+    name = bench_name.split(":")[0]
+    return {"hierarchical": "two_level"}.get(name, name)
+
+
 def bench_row_error(r) -> str:
     """What keeps a bench.json row from being predicted ('' when nothing does)."""
     if not isinstance(r, dict):
@@ -537,7 +542,7 @@ def bench_row_error(r) -> str:
             return f"{key}={v!r} must be a finite number > 0"
     name, _, comp = r["algorithm"].partition("+")
     cname, colon, where = comp.partition(":")
-    if name.split(":")[0] not in BENCH_ALGORITHMS or (comp and (cname not in compress.COMPRESSORS
+    if model_algorithm(name) not in costmodel.ALGORITHMS or (comp and (cname not in compress.COMPRESSORS
                                                                  or cname in ("none", "powersgd")
                                                                  or (colon and where != "inter"))):
         return f"algorithm {r['algorithm']!r} is none ringexp.bench runs"

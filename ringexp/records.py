@@ -77,12 +77,12 @@ def read_rows(run_dir) -> list:
     rows = []
     for lineno, line in enumerate(read_bytes(path, ROWS).splitlines(), start=1):
         try:
-            row = parse_json(line.decode("utf-8"))
+            row = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {e.start}); it is no record ringexp wrote") from None
-        except ValueError as e:
-            if "nested" in str(e):
-                raise ValueError(f"{path}:{lineno}: {e}") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{lineno}: JSON nested too deeply") from None
+        except ValueError:  # cut short by a kill
             continue
         if isinstance(row, dict) and type(row.get("step")) is int:
             rows.append(row)
