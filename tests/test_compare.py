@@ -195,7 +195,8 @@ BROKEN = {
     "overrides-not-text": (summary_with(overrides=[1, 2]), "summary.json", "overrides is a list of int"),
     "error-a-lone-surrogate": (put("summary.json", lambda _: b'{"status": "failed", "error": "\\ud800"}'),
                                "summary.json", "error is '\\ud800', not text"),
-    "overrides-yaml-syntax": (failed_before_it_started("- [unclosed\n"), OVERRIDES, "not valid YAML: expected ',' or ']'"),
+    "overrides-yaml-syntax": (failed_before_it_started("- [unclosed\n"), OVERRIDES,
+                              "not valid YAML: expected ',' or ']'"),
     "overrides-yaml-a-mapping": (failed_before_it_started("a: 1\n"), OVERRIDES, "holds a dict"),
     "overrides-yaml-not-text": (failed_before_it_started("- 1\n- [2]\n"), OVERRIDES, "holds a list of int, list"),
     "overrides-yaml-nested-50000-deep": (failed_before_it_started("[" * 50000), OVERRIDES,  # under YAML_LIMIT
