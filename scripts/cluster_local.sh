@@ -122,7 +122,7 @@ down() {
   local s="$dir/slurm" pids="" alive
   [ -f "$s/slurmctld.pid" ] && pids="$(cat "$s/slurmctld.pid")"
   [ -d "$s" ] && pids="$pids $(accounting_pids "$s" | tr '\n' ' ')"
-  [ -f "$s/munged-started" ] && pids="$pids $(pgrep -x munged || true)"
+  [ -f "$s/munged-started" ] && pids="$pids $(cat /run/munge/munged.pid 2>/dev/null || true)"
   for n in $(ip netns list 2>/dev/null | awk '/^ringexp-node[0-9]/ {print $1}'); do
     pids="$pids $(ip netns pids "$n" 2>/dev/null | tr '\n' ' ')"  # slurmd, jobs, anything started there
   done

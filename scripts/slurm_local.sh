@@ -122,7 +122,7 @@ up() {
   # sbatch/srun/sinfo find the cluster without SLURM_CONF where no other Slurm is configured
   mkdir -p /etc/slurm
   [ -e /etc/slurm/slurm.conf ] || ln -s "$conf" /etc/slurm/slurm.conf
-  start_munge >/dev/null
+  [ "$(start_munge)" = started ] && touch "$dir/munged-started"  # then down stops it too
   start_accounting "$dir" || exit 1
   running "$dir/slurmctld.pid" || slurmctld -f "$conf"
   running "$dir/slurmd-$host.pid" || slurmd -f "$conf"
@@ -136,7 +136,13 @@ up() {
 
 down() {  # the daemons this script started, by the pids they wrote into $dir (never others by name)
   local pids alive
+  if running "$dir/slurmctld.pid"; then  # this cluster's jobs first: their steps outlive a stopped slurmd
+    scancel --full --user "$(id -un)" 2>/dev/null || true
+    for _ in $(seq 1 50); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.2; done
+  fi
   pids="$(cat "$dir/slurmctld.pid" "$dir"/slurmd-*.pid 2>/dev/null | tr '\n' ' ') $(accounting_pids "$dir" | tr '\n' ' ')"
+  [ -f "$dir/munged-started" ] && pids="$pids $(cat /run/munge/munged.pid 2>/dev/null || true)" \
+    && rm -f "$dir/munged-started"
   # shellcheck disable=SC2086
   [ -z "${pids// }" ] || kill $pids 2>/dev/null || true
   for _ in $(seq 1 100); do  # gone, not just signalled: the next up needs the ports
