@@ -33,20 +33,12 @@ from ringexp import comm, compress, records
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, Device, plain
 from ringexp.errors import ConfigError, print_error
-from ringexp.launch import adopt_srun_task, elastic, under_external_launcher, worker_failure
+from ringexp.launch import as_rank, elastic, under_external_launcher, worker_failure
 from ringexp.sinks.wandb import WandbSink
 from ringexp.timing import median_time
 from ringexp.validate import check_gpus, resolve_device
 
 log = logging.getLogger("ringexp")
-# bench name -> (ringexp.comm algorithm, options)
-VARIANTS = {
-    "builtin": ("builtin", {}),
-    "ring": ("ring", {}),
-    "hierarchical": ("hierarchical", {"variant": "two_level"}),
-    "leader": ("hierarchical", {"variant": "leader"}),
-    "naive": ("naive", {}),
-}
 INTER = ("fp16:inter", "bf16:inter", "int8:inter")  # wire formats the hierarchical all-reduce can keep between nodes
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-2}
@@ -54,13 +46,6 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-
 # float32 draw, the check's reference and tolerance (count_wrong), the algorithm's scratch; a 16-bit message's
 # float32 temporaries take twice its bytes. codec=true holds the input, its cast, the payload and the decode.
 COPIES, CODEC_COPIES = 4, 4
-
-
-def variant(name: str):
-    """'ring' or 'ring:256' (a segment size in KiB for this row only, to compare segment sizes)."""
-    base, _, seg = name.partition(":")
-    algo, opts = VARIANTS[base]
-    return algo, opts | ({"segment_bytes": int(seg) * 1024} if seg else {})
 
 
 def sizes(cfg) -> list:
@@ -76,13 +61,11 @@ def sizes(cfg) -> list:
 def check(cfg: BenchConfig, external: bool = False) -> None:
     """What the bench config's own field checks cannot see: names, and nodes against every world size (under an
     external launcher the job's one world size, and its real nodes when it spans several)."""
-    def known(name):  # 'ring' or 'ring:<KiB>'
-        base, colon, kb = name.partition(":")
-        return base in VARIANTS and (not colon or kb.isdigit() and int(kb) > 0)
-
-    unknown = [a for a in cfg.algorithms if not known(a)]
-    if unknown:
-        raise ConfigError(f"bench: unknown algorithm {unknown[0]}; choose from {', '.join(VARIANTS)}")
+    for name in cfg.algorithms:  # ringexp.comm's names: ring, ring:KiB, hierarchical[:variant], naive, builtin
+        try:
+            comm.parse(name)
+        except ValueError as e:
+            raise ConfigError(f"bench: {e}") from None
     odd = [c for c in cfg.compressors if c not in INTER and (c not in compress.COMPRESSORS or c == "powersgd")]
     if odd:
         raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
@@ -100,7 +83,7 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
     for n in local:
         check_gpus(cfg.launcher.device, n, "LOCAL_WORLD_SIZE" if external else "nprocs")
     check_sizes(cfg, max(local))
-    if any("hierarchical" in a or "leader" in a for a in cfg.algorithms):
+    if any(comm.parse(a)[0] == "hierarchical" for a in cfg.algorithms):
         worlds = [int(os.environ["WORLD_SIZE"])] if external else cfg.nprocs
         if external and worlds[0] > int(os.environ.get("LOCAL_WORLD_SIZE", worlds[0])):
             return  # the real nodes divide the job by construction
@@ -136,23 +119,14 @@ def check_sizes(cfg: BenchConfig, ranks: int) -> None:
 
 def row_specs(cfg: BenchConfig) -> dict:
     """{row name: (ringexp.comm algorithm, options, compressor config or None)}: every algorithm uncompressed, then
-    every (algorithm, compressor) pair (a NAME:inter wire format on hierarchical rows only)."""
-    algos = {name: variant(name) for name in cfg.algorithms}
-    specs = {name: (algo, o, None) for name, (algo, o) in algos.items()}
+    every (algorithm, compressor) pair, NAME:inter wire formats on hierarchical rows only; a row's name is what
+    ringexp.compress.parse reads back (ringexp.plan accuracy does)."""
+    names = list(cfg.algorithms)
     for cname in cfg.compressors:
         if cname != "none":
-            c = compressor(cname, cfg.ratio)
-            specs |= {f"{name}+{cname}": (algo, o, c) for name, (algo, o) in algos.items()
-                      if c.scope == "all" or algo == "hierarchical"}
-    return specs
-
-
-def compressor(name: str, ratio: float) -> CompressionConfig:
-    """A bench compressor: a compression name, or NAME:inter for a wire format on the inter-node stage of the
-    hierarchical all-reduce only (the other algorithms skip it), as +parallel=hierarchical_int8 runs it."""
-    base, _, where = name.partition(":")
-    return CompressionConfig(name=base, ratio=ratio, error_feedback=False,
-                             scope="inter_node" if where == "inter" else "all")
+            names += [f"{a}+{cname}" for a in cfg.algorithms if ":inter" not in cname or comm.parse(a)[0] ==
+                      "hierarchical"]
+    return {name: compress.parse(name, ratio=cfg.ratio) for name in names}
 
 
 def count_wrong(x, y, c, dname: str, n: int) -> int:
@@ -223,11 +197,10 @@ def timed_rounds(cfg: BenchConfig, x, runs: dict) -> dict:
             t0 = time.perf_counter()
             run(bufs[name])
             rdist.sync(x.device)  # (CUDA: the collective has run on the device, not just been queued)
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=x.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the same number on every rank
-            round_s += float(t)
+            t = rdist.slowest(time.perf_counter() - t0, x.device)
+            round_s += t
             if it >= cfg.warmup:
-                times[name].append(float(t))
+                times[name].append(t)
             bufs[name].copy_(x)  # untimed: repeated sums would grow to inf over hundreds of rounds
         if it == cfg.warmup:  # small sizes are noisy: more rounds, until about min_time_s in all
             rounds += min(19 * cfg.iters, max(0, math.ceil(cfg.min_time_s / round_s) - cfg.iters))
@@ -255,7 +228,8 @@ def codec_rows(cfg: BenchConfig) -> list:
 
 
 def codec_row(name: str, x, cast_s: float, cfg: BenchConfig) -> dict:
-    enc_s, dec_s, payload = compress.codec_seconds(compressor(name, cfg.ratio), x, cfg.iters)
+    c = CompressionConfig(name=name, ratio=cfg.ratio, error_feedback=False)
+    enc_s, dec_s, payload = compress.codec_seconds(c, x, cfg.iters)
     return {"codec": name, "size_bytes": x.numel() * 4, "encode_ms": enc_s * 1e3, "decode_ms": dec_s * 1e3,
             "cast_fp16_ms": cast_s * 1e3, "encode_vs_cast": cast_s / enc_s, "decode_vs_cast": cast_s / dec_s,
             "wire_fraction": payload / (x.numel() * 4)}
@@ -360,8 +334,4 @@ def other_rank() -> None:
 
 
 if __name__ == "__main__":
-    adopt_srun_task()
-    if under_external_launcher() and os.environ.get("RANK", "0") != "0":
-        other_rank()
-    else:
-        main()
+    as_rank(main, other_rank)

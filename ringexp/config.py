@@ -21,6 +21,19 @@ from omegaconf.errors import OmegaConfBaseException
 from ringexp.errors import ConfigError, one_line
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The config groups of each tool besides training, which composes every other group of conf/ (the tools share
+# the directory): what each one's --help lists (conf/hydra/help/ringexp.yaml).
+TOOL_GROUPS = {"plan": ("cluster",), "bench": ("logger",)}
+
+
+def help_groups(app: str) -> str:
+    """`app`'s config groups and their options, one "group: a, b" line each, as Hydra's --help lists them."""
+    own = TOOL_GROUPS.get(app) or sorted(d.name for d in Path(CONF_DIR).iterdir() if d.is_dir() and d.name != "hydra"
+                                         and d.name not in TOOL_GROUPS["plan"])
+    return "\n".join(f"{g}: {', '.join(sorted(f.stem for f in Path(CONF_DIR, g).glob('*.yaml')))}" for g in own)
+
+
+OmegaConf.register_new_resolver("ringexp_groups", help_groups, replace=True)
 
 
 def need(ok: bool, key: str, value, rule: str) -> None:
@@ -352,7 +365,8 @@ class BenchLauncherConfig:
 @dataclass
 class BenchConfig:
     """`python -m ringexp.bench`: all-reduce algorithms x message sizes x dtypes x world sizes."""
-    algorithms: List[str] = field(default_factory=lambda: ["builtin", "ring", "hierarchical", "leader", "naive"])
+    algorithms: List[str] = field(default_factory=lambda: ["builtin", "ring", "hierarchical", "hierarchical:leader",
+                                                           "naive"])
     compressors: List[str] = field(default_factory=lambda: ["none"])  # each algorithm again per compressor
     ratio: float = 0.01  # topk / randomk in the bench
     sizes: List[int] = field(default_factory=list)  # bytes; empty: min_bytes .. max_bytes by size_factor
@@ -453,6 +467,8 @@ class PlanConfig:
     backward_s: Optional[float] = None  # (null: measured here, on one rank, times cluster.compute_slowdown)
     optimizer_s: Optional[float] = None
     presets: List[str] = field(default_factory=list)  # predict: conf/parallel presets (empty: all but single)
+    plot_presets: List[str] = field(default_factory=lambda: ["ddp", "hierarchical", "hierarchical_int8", "ring_fp16",
+                                                             "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
     quality_budget: float = 0.02  # predict: macro-AUROC a recommended compressor may lose (measured tables)
     out: Optional[str] = None  # predict: where plan.md/json/png go; calibrate: the cluster file to write
     nprocs: int = 2  # calibrate: local workers (under torchrun or Slurm: the job's own ranks)

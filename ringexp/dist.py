@@ -112,6 +112,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def slowest(seconds: float, device) -> float:
+    """The largest of every rank's `seconds`, the same number on every rank (a collective): a step of a job lasts
+    as long as its slowest rank's."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def topology(env: Env) -> dict:
     """Where the job runs: nodes and ranks per node as the launcher said (torchrun, the elastic launch and
     submitit set LOCAL_WORLD_SIZE), and the link between nodes as scripts/cluster_local.sh shaped it."""

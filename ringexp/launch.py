@@ -48,6 +48,17 @@ def adopt_srun_task() -> None:
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
+def as_rank(main, other, srun: bool = True):
+    """The entry of a command that runs as one rank of a job: `other()` on a non-zero rank under torchrun (or, with
+    `srun`, in a task of a plain srun: adopt_srun_task), which composes the same config and writes nothing of
+    its own; `main()` everywhere else (rank 0, or no external launcher: ringexp starts its own workers)."""
+    if srun:
+        adopt_srun_task()
+    if under_external_launcher() and os.environ["RANK"] != "0":
+        return other()
+    return main()
+
+
 def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_method: str = "spawn") -> dict:
     """Run fn(*args) in `nproc` local workers through torch's elastic launch (the engine behind torchrun);
     returns {rank: return value}. fn must be importable (workers are spawned).

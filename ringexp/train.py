@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from ringexp import backend, checkpoint, records, rundir
 from ringexp.config import CONF_DIR, Device, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
-from ringexp.launch import launch, run_worker, slurm_task, worker_failure
+from ringexp.launch import as_rank, launch, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config, job_world
 
@@ -192,10 +192,7 @@ def cli() -> None:
     stop.default()  # the imports are done: until workers start, Ctrl-C is Python's KeyboardInterrupt
     try:
         check_argv(sys.argv[1:])
-        if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
-            worker_rank_main()
-        else:
-            main()
+        as_rank(main, worker_rank_main, srun=False)
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)

@@ -11,6 +11,7 @@ import os
 
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -22,8 +23,9 @@ from ringexp.models import build_model, check_model
 from ringexp.parallel.ddp import ALGORITHM
 
 
-def checked(cfg) -> TrainConfig:
-    """Hydra's composed DictConfig as a TrainConfig: fields checked, launcher resolved, groups checked together."""
+def checked(cfg, nodes: int | None = None) -> TrainConfig:
+    """Hydra's composed DictConfig as a TrainConfig: fields checked, launcher resolved, groups checked together.
+    `nodes`: the real nodes of the job it is for (default: this one's, job_nodes)."""
     unknown = list(unknown_keys(cfg, TrainConfig))
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]} (misspelt?); `+key=value` adds keys, but only keys of "
@@ -33,15 +35,19 @@ def checked(cfg) -> TrainConfig:
     except OmegaConfBaseException as e:  # e.g. a mandatory value deleted with ~key
         raise ConfigError(f"{getattr(e, 'full_key', None) or 'config'}: {str(e).splitlines()[0]}") from None
     resolve_launcher(config)
-    resolve_nodes(config)
+    resolve_nodes(config, nodes)
     check(config)
     return config
 
 
-def compose_config(overrides: list) -> TrainConfig:
-    """Compose and check the config without Hydra's app (no run directory): for other ranks and scripts."""
+def compose_config(overrides: list, nodes: int | None = None) -> TrainConfig:
+    """Compose and check the config without Hydra's app (no run directory): for other ranks and scripts, and inside
+    another tool's Hydra app (the planner's), whose search path is the same conf/. `nodes`: as for checked (the
+    planner's: the cluster's)."""
+    if GlobalHydra.instance().is_initialized():
+        return checked(compose("train", overrides=overrides), nodes)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return checked(compose("train", overrides=overrides))
+        return checked(compose("train", overrides=overrides), nodes)
 
 
 def unknown_keys(node, schema, prefix: str = ""):
@@ -62,11 +68,13 @@ def resolve_launcher(cfg: TrainConfig) -> None:
         cfg.launcher.nproc_per_node = torch.cuda.device_count() if cfg.launcher.device == Device.cuda else 2
 
 
-def resolve_nodes(cfg: TrainConfig) -> None:
-    """`parallel.nodes` made concrete where the config leaves it to the job: on one real node, the
-    `parallel.emulate_nodes` a hierarchical preset asks for; across real nodes, null (the launcher's own)."""
+def resolve_nodes(cfg: TrainConfig, nodes: int | None = None) -> None:
+    """`parallel.nodes` made concrete where the config leaves it to the job: on one real node (`nodes`, default
+    job_nodes()), the `parallel.emulate_nodes` a hierarchical preset asks for; across real nodes, null (the
+    launcher's own)."""
     p = cfg.parallel
-    if p.strategy == StrategyName.hierarchical and p.nodes is None and p.emulate_nodes > 1 and job_nodes() == 1:
+    real = job_nodes() if nodes is None else nodes
+    if p.strategy == StrategyName.hierarchical and p.nodes is None and p.emulate_nodes > 1 and real == 1:
         p.nodes = p.emulate_nodes
 
 

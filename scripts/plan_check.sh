@@ -2,8 +2,8 @@
 # How well ringexp.plan's cost model predicts the local cluster (docs/results/plan.md). For each shape, 2 nodes
 # x 2 ranks at 1 Gbit/s and at 250 Mbit/s and 4 nodes x 1 rank at 1 Gbit/s: bring the cluster up, calibrate
 # (writes conf/cluster/local_<nodes>x<ranks>_<rate>.yaml), bench builtin, ring, hierarchical (two_level),
-# leader and naive with none, fp16 and int8 at 4, 16 and 64 MB, and put every bench median beside the model's
-# prediction (plan accuracy). Then the training story's runs (scripts/cluster_story.sh) in compare, whose
+# hierarchical:leader and naive with none, fp16 and int8 at 4, 16 and 64 MB, and put every bench median beside the
+# model's prediction (plan accuracy). Then the training story's runs (scripts/cluster_story.sh) in compare, whose
 # predicted columns use the 1 Gbit/s file. About 40 minutes on the 2-core machine; needs root (ip, tc).
 #   scripts/plan_check.sh [OUT]    (default outputs/plan-check; a shape whose OUT/<shape>/bench/bench.json exists
 #                                   is calibrated again but not benched again: delete it to re-bench)

@@ -28,7 +28,7 @@ def test_bench_table_checks_every_algorithm_against_builtin(tmp_path):
     assert "busbw" in r.stdout and "#wrong" in r.stdout
     rows = list(csv.DictReader(open(run_dir / "bench.csv")))
     assert len(rows) == 5 * 3 * 2 * 2  # algorithms x compressors x sizes x world sizes
-    algos = {"builtin", "ring", "hierarchical", "leader", "naive"}
+    algos = {"builtin", "ring", "hierarchical", "hierarchical:leader", "naive"}
     assert {row["algorithm"] for row in rows} == algos | {f"{a}+{c}" for a in algos for c in ("fp16", "topk")}
     assert all(int(row["wrong"]) == 0 for row in rows)
     for row in rows:
@@ -117,3 +117,28 @@ def test_the_command_line_refuses_a_size_before_any_worker_starts(tmp_path, over
     r = run_cli(tmp_path / "b", *overrides, module="ringexp.bench", timeout=120)
     assert r.returncode == 2 and error_line(r.stderr).startswith(words), r.stderr
     assert not (tmp_path / "b" / "bench.json").exists() and not list((tmp_path / "b").glob("workers-n*"))
+
+
+def test_one_parser_reads_every_row_name_the_bench_writes():
+    """Row names are the all-reduce as users name it, + a compressor: ringexp.compress.parse reads each back to the
+    very collective, options and compressor the row ran (the planner's accuracy reads rows with it), and refuses
+    a name the bench would not run in words that say what to write instead."""
+    from ringexp import comm, compress
+    from ringexp.bench import row_specs
+    from ringexp.config import BenchConfig
+
+    cfg = BenchConfig(algorithms=["builtin", "ring:256", "hierarchical", "hierarchical:leader", "naive"],
+                      compressors=["none", "int8", "topk", "fp16:inter"], ratio=0.05)
+    specs = row_specs(cfg)
+    assert len(specs) == 5 * 3 + 2  # fp16:inter on the hierarchical rows only
+    assert specs["ring:256+topk"] == ("ring", {"segment_bytes": 256 << 10}, compress.parse("ring+topk", ratio=0.05)[2])
+    assert specs["hierarchical:leader+fp16:inter"][:2] == ("hierarchical", {"variant": "leader"})
+    assert specs["hierarchical:leader+fp16:inter"][2].scope == "inter_node" and specs["ring:256+topk"][2].ratio == 0.05
+    for name, spec in specs.items():
+        assert compress.parse(name, ratio=0.05) == spec
+    for bad, words in (("leader", "unknown algorithm 'leader'; choose from"), ("ring:fast", "ring takes a segment"),
+                       ("naive:2", "naive takes no option")):
+        with pytest.raises(ValueError, match=words):
+            comm.parse(bad)
+    with pytest.raises(ValueError, match="on hierarchical only"):
+        compress.parse("ring+int8:inter")

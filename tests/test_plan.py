@@ -17,11 +17,14 @@ from conftest import ROOT, error_line, workers
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import costmodel
+from ringexp import comm, compress, costmodel, parallel
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, ClusterConfig, CompressionConfig, LinkConfig, TrainConfig, load_yaml
 from ringexp.models import build_model
-from ringexp.plan import CODECS, main
+from ringexp.parallel.ddp import bucket_shapes
+from ringexp.plan import predict
+from ringexp.plan.calibrate import CODECS
+from ringexp.plan.cli import main
 
 # 2 nodes x 2 ranks; numbers chosen so that every term is easy to add up by hand
 CL = ClusterConfig(name="hand", nodes=2, ranks_per_node=2, intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-8),
@@ -29,50 +32,64 @@ CL = ClusterConfig(name="hand", nodes=2, ranks_per_node=2, intra=LinkConfig(1e-5
 N = 4e6  # bytes
 
 
-@pytest.mark.parametrize("algorithm, expected", [
+@pytest.mark.parametrize("name, expected", [
     # 6 steps of a 1e6-byte chunk paced by the inter link (1e-4 + 1e-2); the adds (3/4 of N at 1e-10) overlap
     ("builtin", 6 * (1e-4 + 1e-2)),
     ("ring", 6 * (1e-4 + 1e-2)),
     # ring of 2 in the node on 2e6-byte chunks; ring of 2 nodes, n/N = 2e6 bytes through each node link per step
-    ("two_level", 2 * (1e-5 + 2e-3) + 2 * (1e-4 + 2e-2)),
+    ("hierarchical", 2 * (1e-5 + 2e-3) + 2 * (1e-4 + 2e-2)),
     # gather one whole buffer and add it, ring of the 2 leaders on N, send one back
-    ("leader", (1e-5 + 4e-3 + N * 1e-10) + 2 * (1e-4 + 2e-2) + (1e-5 + 4e-3)),
+    ("hierarchical:leader", (1e-5 + 4e-3 + N * 1e-10) + 2 * (1e-4 + 2e-2) + (1e-5 + 4e-3)),
     # rank 0 receives 1 buffer inside its node and 2 over its link, sends as many back, adds 3
     ("naive", 2 * ((1e-5 + 4e-3) + 2 * (1e-4 + 4e-2)) + 3 * N * 1e-10),
 ])
-def test_all_reduce_formulas_match_hand_computed_cases(algorithm, expected):
-    assert costmodel.all_reduce_s(CL, N, algorithm) == pytest.approx(expected, rel=1e-12)
+def test_all_reduce_formulas_match_hand_computed_cases(name, expected):
+    """Each collective's own formula (ringexp.comm.*.seconds), named as users and bench rows name them."""
+    algorithm, options = comm.parse(name)
+    assert comm.seconds(algorithm, CL, N, **options) == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_wire_format_shrinks_the_bytes_and_its_codec_sets_the_time_when_slower():
     # chunks of 5e5 wire bytes: 6 steps of 1e-4 + 5e-3; the codec (3 hops encode and decode-add 1e6 bytes each,
     # the last chunk encoded once, 3 decodes) is faster, so the wire sets the time
     fast = costmodel.Wire(ratio=0.5, encode=2e-10, decode=3e-10)
-    assert costmodel.all_reduce_s(CL, N, "ring", fast) == pytest.approx(6 * (1e-4 + 5e-3), rel=1e-12)
+    assert comm.seconds("ring", CL, N, fast) == pytest.approx(6 * (1e-4 + 5e-3), rel=1e-12)
     slow = costmodel.Wire(ratio=0.5, encode=2e-10, decode=1e-8)  # now the arithmetic is the slower of the two
-    assert costmodel.all_reduce_s(CL, N, "ring", slow) == pytest.approx(3e6 * 2e-10 + 6e6 * 1e-8 + 1e6 * 2e-10)
+    assert comm.seconds("ring", CL, N, slow) == pytest.approx(3e6 * 2e-10 + 6e6 * 1e-8 + 1e6 * 2e-10)
     # on CPUs (gloo) the arithmetic and the network stack share the cores: the two add up
     cpu = dataclasses.replace(CL, backend="gloo")
-    assert costmodel.all_reduce_s(cpu, N, "ring", fast) == pytest.approx(
+    assert comm.seconds("ring", cpu, N, fast) == pytest.approx(
         6 * (1e-4 + 5e-3) + 3e6 * 2e-10 + 3e6 * 3e-10 + 1e6 * 2e-10 + 3e6 * 3e-10)
-    assert costmodel.all_reduce_s(cpu, N, "builtin") == pytest.approx(6 * (1e-4 + 1e-2) + 0.75 * N * 1e-10)
+    assert comm.seconds("builtin", cpu, N) == pytest.approx(6 * (1e-4 + 1e-2) + 0.75 * N * 1e-10)
     # 64 MB: chunks of 16 MB in 2 segments of 8 MB (ringexp.comm.ring): the arithmetic of one segment shows
     slow64 = costmodel.Wire(ratio=0.5, encode=2e-10, decode=1e-8)
     wire, arithmetic = 6 * (1e-4 + 8e-2), 2 * 48e6 * 1e-8 + 48e6 * 2e-10 + 16e6 * 2e-10
-    assert costmodel.all_reduce_s(cpu, 16 * N, "ring", slow64) == pytest.approx(max(wire, arithmetic) + min(
+    assert comm.seconds("ring", cpu, 16 * N, slow64) == pytest.approx(max(wire, arithmetic) + min(
         wire, arithmetic) / 2)
-    inter_only = costmodel.all_reduce_s(CL, N, "two_level", fast, inter_only=True)
-    assert 2 * (1e-4 + 1e-2) < inter_only < costmodel.all_reduce_s(CL, N, "two_level")
+    inter_only = comm.seconds("hierarchical", CL, N, fast, scope="inter_node")
+    assert 2 * (1e-4 + 1e-2) < inter_only < comm.seconds("hierarchical", CL, N)
 
 
 def test_overlap_hides_what_backward_outlasts():
     # buckets ready at 1 s and 2 s of a 2 s backward, 1 s each: the second ends at 3 s, 1 s exposed
-    got = costmodel.ddp_step([1, 1], [1.0, 1.0], forward_s=0.5, backward_s=2.0, optimizer_s=0.25)
-    assert got == {"comm_s": 2.0, "exposed_s": 1.0, "step_s": 0.5 + 2.0 + 1.0 + 0.25}
-    hidden = costmodel.ddp_step([3, 1], [0.1, 0.1], forward_s=0, backward_s=2.0, optimizer_s=0)
-    assert hidden["exposed_s"] == pytest.approx(0.1)  # only the last bucket's all-reduce sticks out
+    assert costmodel.overlap([1.0, 2.0], [1.0, 1.0], backward_s=2.0) == (3.0, 1.0)
+    compute = {"forward_s": 0.5, "backward_s": 2.0, "optimizer_s": 0.25}
+    assert costmodel.step(2.0, 1.0, compute) == {"comm_s": 2.0, "exposed_s": 1.0, "step_s": 0.5 + 2.0 + 1.0 + 0.25}
+    _, hidden = costmodel.overlap([1.5, 2.0], [0.1, 0.1], backward_s=2.0)
+    assert hidden == pytest.approx(0.1)  # only the last bucket's all-reduce sticks out
     # accumulation: 4 micro-steps of compute, communication once
-    assert costmodel.ddp_step([1], [1.0], 1.0, 2.0, 0.0, micro_steps=4)["step_s"] == pytest.approx(4 * 3.0 + 1.0)
+    assert costmodel.step(1.0, 1.0, compute | {"optimizer_s": 0.0}, micro_steps=4)["step_s"] == pytest.approx(
+        4 * 2.5 + 1.0)
+    # DDP's step: its buckets become ready in proportion to the gradient bytes backward has produced
+    cfg = TrainConfig()
+    cfg.parallel.bucket_cap_mb = 0.001  # one bucket per parameter
+    shapes = [torch.Size([1000]), torch.Size([3000])]
+    got = parallel.step_cost(CL, cfg, shapes, compute)
+    comm_s = [compress.seconds(CL, cfg.compression, "builtin", b) for b in bucket_shapes(cfg, shapes)]
+    sizes = [sum(s.numel() for s in b) for b in bucket_shapes(cfg, shapes)]
+    _, exposed = costmodel.overlap([2.0 * sizes[0] / 4000, 2.0], comm_s, 2.0)
+    assert got["exposed_s"] == pytest.approx(exposed) and got["comm_s"] == pytest.approx(sum(comm_s))
+    assert got["samples_s"] == pytest.approx(4 * cfg.data.batch_size / got["step_s"])
 
 
 def _ddp_bucket_bytes(cap_mb):
@@ -95,7 +112,7 @@ def _ddp_bucket_bytes(cap_mb):
         seen.clear()
         model(torch.randn(2, 3, 32, 32)).sum().backward()
     shapes = [p.shape for p in model.module.parameters()]
-    predicted = [4 * sum(s.numel() for s in b) for b in costmodel.ddp_buckets(cfg, shapes)]
+    predicted = [4 * sum(s.numel() for s in b) for b in bucket_shapes(cfg, shapes)]
     rdist.cleanup()
     return seen, predicted
 
@@ -106,11 +123,51 @@ def test_the_model_s_buckets_are_the_ones_ddp_reduces(cap_mb):
     assert len(seen) > 1 and seen == predicted
 
 
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_planner_s_bytes_are_the_ones_a_run_records_for_every_preset(monkeypatch, backend, nodes):
+    """For every conf/parallel preset on 4 ranks, on one node (hierarchical then emulates its nodes) and on two:
+    the bytes per step the planner predicts for a cluster of that shape equal what the run's strategy records
+    (Strategy.wire_bytes, built as a run builds it from its resolved config and its rank's environment)."""
+    model = build_model(TrainConfig().model, TrainConfig().data.num_labels)
+    shapes = [p.shape for p in model.parameters()]
+    cl = dataclasses.replace(load_yaml(ClusterConfig, Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml")),
+                             backend=backend, nodes=nodes, ranks_per_node=4 // nodes)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(4 // nodes))
+    seen = set()
+    for name in predict.presets():
+        cfg = predict.preset_config(name, ["launcher.nproc_per_node=4"], nodes)
+        env = rdist.Env(rank=0, world_size=4, local_rank=0, local_world_size=4 // nodes, device=torch.device("cpu"),
+                        backend=backend)
+        recorded = parallel.build(cfg, env).wire_bytes(shapes)
+        planned = predict.row(name, cfg, cl, shapes, {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.0},
+                              here=False)["sent_bytes"]
+        assert planned == recorded > 0, (name, planned, recorded)
+        seen.add(recorded)
+    assert len(seen) >= 8  # the presets send different amounts: the comparison sees every strategy's own count
+
+
+def test_help_lists_each_tool_s_own_groups(monkeypatch, capsys):
+    """--help is Hydra's page with the tool's own config groups: the planner's cluster files, training's groups."""
+    from ringexp import train
+
+    for argv, has, lacks in ((["ringexp.plan", "--help"], "cluster: ", "parallel: "),
+                             (["ringexp.plan", "predict", "--help"], "cluster: a100_4x8_100g, ", "model: "),
+                             (["ringexp.train", "--help"], "parallel: ddp", "cluster: ")):
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as e:
+            (main if "plan" in argv[0] else train.main)()
+        out = capsys.readouterr().out
+        assert e.value.code in (0, None) and has in out and lacks not in out, out[:500]
+
+
 def plan(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "ringexp.plan", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_compare_use(tmp_path):
     """calibrate (2 local gloo workers) fits alpha and beta to its own measurements; predict with that file gives
     the cost model's numbers for it; a run on that cluster gets predicted columns in compare."""
@@ -133,9 +190,11 @@ def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_com
     assert "Recommended" in (pred / "plan.md").read_text() and "+parallel=ring_fp16" in got["recommended"]
 
 
+@pytest.mark.slow
 def test_compare_puts_predictions_beside_runs_on_a_calibrated_cluster(tmp_path):
-    """A run whose nodes, ranks per node and link match a conf/cluster/ file gets the model's communication and
-    step time next to its measured ones (its own compute, the model's communication)."""
+    """A run whose nodes, ranks per node and link match a cluster file (--cluster, or conf/cluster/) gets the model's
+    communication and step time next to its measured ones (its own compute, the model's communication); a
+    --cluster file that cannot be read is one line, exit 2."""
     run = tmp_path / "run"
     run.mkdir()
     cfg = TrainConfig()
@@ -146,30 +205,32 @@ def test_compare_puts_predictions_beside_runs_on_a_calibrated_cluster(tmp_path):
                "time": {"step_s": 0.5, "compute_s": 0.3, "optimizer_s": 0.05, "data_s": 0.01, "other_s": 0.0,
                         "comm_s": 0.2}}
     (run / "summary.json").write_text(json.dumps(summary))
-    cluster = Path(CONF_DIR, "cluster", "test_plan_tmp.yaml")
+    cluster = tmp_path / "test_plan_tmp.yaml"  # a calibrated file outside conf/cluster/, given with --cluster
     cluster.write_text(OmegaConf.to_yaml(OmegaConf.structured(ClusterConfig(
         name="test_plan_tmp", nodes=3, ranks_per_node=7, link="test-plan-link", intra=LinkConfig(1e-5, 1e-9),
         inter=LinkConfig(1e-4, 1e-8), add_s_per_byte=1e-10))))
-    try:
-        r = subprocess.run([sys.executable, "-m", "ringexp.compare", str(run), "--out", str(tmp_path / "cmp")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    finally:
-        cluster.unlink()
+    r = subprocess.run([sys.executable, "-m", "ringexp.compare", str(run), "--out", str(tmp_path / "cmp"),
+                        "--cluster", str(cluster)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     head, row = r.stdout.splitlines()[:2]
     assert "predicted step ms" in head and "step error" in head
     shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters()]
     cl = ClusterConfig(name="t", nodes=3, ranks_per_node=7, intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-8),
                        add_s_per_byte=1e-10)
-    step = costmodel.predict_step(cl, cfg, shapes, 0.1, 0.2, 0.05)["step_s"] + 0.01
+    step = parallel.step_cost(cl, cfg, shapes, {"forward_s": 0.1, "backward_s": 0.2, "optimizer_s": 0.05})["step_s"]
+    step += 0.01
     assert f"{1e3 * step:.0f}" in row or f"{1e3 * step:.1f}" in row, (step, row)
+    from ringexp.compare import main as compare_main
+    assert compare_main([str(run), "--cluster", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "c2")]) == 2
+    assert not (tmp_path / "c2").exists()
 
 
 
 def test_accuracy_sets_each_bench_row_beside_the_model_for_its_algorithm_and_compressor(tmp_path, monkeypatch, capsys):
     """bench names (hierarchical, int8 kept to the inter-node stage) map to the model's algorithm and scope; each
     row's error is predicted / measured - 1; the summary counts the cases; the plot holds every case."""
-    cases = [("hierarchical", 0.05), ("hierarchical+int8:inter", 0.02), ("builtin", 0.04)]
+    cases = [("hierarchical", 0.05), ("hierarchical+int8:inter", 0.02), ("builtin", 0.04),
+             ("hierarchical:leader", 0.06)]
     rows = [{"algorithm": a, "size_bytes": 4 << 20, "count": 1 << 20, "nodes": 2, "ranks_per_node": 2, "link": "x",
              "time_us": 1e6 * t} for a, t in cases]
     (tmp_path / "bench.json").write_text(json.dumps(rows))
@@ -179,14 +240,16 @@ def test_accuracy_sets_each_bench_row_beside_the_model_for_its_algorithm_and_com
     got = json.loads((tmp_path / "acc" / "accuracy.json").read_text())
     cl = load_yaml(ClusterConfig, Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml"))
     n = 4 << 20
-    two_level = costmodel.all_reduce_s(cl, n, "two_level")
+    two_level = comm.seconds("hierarchical", cl, n)
     assert got[0]["predicted_s"] == pytest.approx(two_level) and got[0]["error"] == pytest.approx(two_level / 0.05 - 1)
-    int8 = {scope: costmodel.compressed_s(cl, CompressionConfig(name="int8", error_feedback=False, scope=scope),
-                                          "two_level", 1 << 20) for scope in ("all", "inter_node")}
+    int8 = {scope: compress.seconds(cl, CompressionConfig(name="int8", error_feedback=False, scope=scope),
+                                    "hierarchical", [torch.Size([1 << 20])]) for scope in ("all", "inter_node")}
     assert got[1]["predicted_s"] == pytest.approx(int8["inter_node"]) != pytest.approx(int8["all"])
-    assert got[2]["predicted_s"] == pytest.approx(costmodel.all_reduce_s(cl, n, "builtin"))
+    assert got[2]["predicted_s"] == pytest.approx(comm.seconds("builtin", cl, n))
+    leader = comm.seconds("hierarchical", cl, n, variant="leader")
+    assert got[3]["predicted_s"] == pytest.approx(leader) != pytest.approx(two_level)
     errors = sorted(abs(o["error"]) for o in got)
-    assert f"3 cases: median |error| {errors[1]:.1%}" in capsys.readouterr().out
+    assert f"4 cases: median |error| {(errors[1] + errors[2]) / 2:.1%}" in capsys.readouterr().out
     assert (tmp_path / "acc" / "accuracy.png").stat().st_size > 10000
 
 
@@ -209,7 +272,6 @@ BAD = [
     (["predict", "cluster.intra.beta_s_per_byte=0"], "cluster.intra.beta_s_per_byte=0.0: must be > 0"),
     (["predict", "cluster.inter.beta_s_per_byte=inf"], "cluster.inter.beta_s_per_byte=inf: must be > 0 and at most"),
     (["predict", "cluster.encode_s_per_byte.fp16=nan"], "cluster.encode_s_per_byte.fp16=nan: must be >= 0"),
-    (["predict", "cluster.inter.beta_s_per_byte=.inf"], "beta_s_per_byte=.inf: Value '.inf' of type 'str' could not"),
     (["predict", "ranks_per_node=99"], "ranks_per_node=99: cluster local_2x2_1gbit has 2 per node"),
     (["predict", "model.name=resnet_nosuch"], "model.name=resnet_nosuch is neither small_cnn nor a timm model"),
     (["predict", "+parallel=single"], "+parallel=single runs one rank"),
@@ -229,6 +291,18 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch,
         main()
     assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
     assert not out.exists()
+
+
+def test_a_composition_mistake_is_hydra_s_own_message_as_for_training(tmp_path, monkeypatch, capsys):
+    """A value of the wrong type is Hydra's to report (as `ringexp.train steps=abc` is): its message, exit 1, no
+    traceback, nothing written."""
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", "cluster.inter.beta_s_per_byte=.inf",
+                                      f"out={tmp_path / 'out'}"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "Value '.inf' of type 'str' could not be converted to Float" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 def test_the_command_line_says_one_line_and_exits_2(tmp_path):

@@ -9,7 +9,8 @@ from conftest import ROOT, make_image_folder
 from hydra import compose, initialize_config_dir
 
 from ringexp.config import CONF_DIR
-from ringexp.plan import load, preset_config
+from ringexp.plan.cli import load
+from ringexp.plan.predict import preset_config
 from ringexp.train import check_argv, prepare
 
 

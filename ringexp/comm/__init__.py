@@ -25,6 +25,7 @@ A rank outside `group` returns its tensor untouched, as torch.distributed.all_re
 import torch
 import torch.distributed as dist
 
+from ringexp import costmodel
 from ringexp.comm import builtin, hierarchical, naive, ring
 from ringexp.comm.p2p import DEFAULT_TIMEOUT_S, global_ranks, one_line
 
@@ -164,4 +165,29 @@ def wire_bytes(algorithm: str, nbytes: int, world_size: int, **options) -> int:
     return ALGORITHMS[algorithm].wire_bytes(nbytes, world_size, **options)
 
 
-__all__ = ["ALGORITHMS", "all_reduce", "bad_option", "options_for", "wire_bytes"]
+def seconds(algorithm: str, cl, nbytes: float, wire=None, **options) -> float:
+    """Predicted seconds of one all-reduce of `nbytes` float32 bytes over every rank of cluster `cl` (a
+    ClusterConfig), each message in `wire` (a ringexp.costmodel.Wire: a compressor's format and codec costs; None:
+    float32): the algorithm's own formula (ringexp.costmodel's pieces)."""
+    return ALGORITHMS[algorithm].seconds(cl, nbytes, wire or costmodel.NONE, **options)
+
+
+def parse(name: str) -> tuple:
+    """(algorithm, options) of an all-reduce as named on a command line or a bench row: `builtin`, `ring`,
+    `ring:KiB` (a segment size), `hierarchical` (two_level), `hierarchical:VARIANT`, `naive`; ValueError saying
+    what is wrong otherwise."""
+    base, colon, extra = name.partition(":")
+    if base not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}, ring:KiB or "
+                         f"{', '.join('hierarchical:' + v for v in hierarchical.VARIANTS)}")
+    if not colon:
+        return base, ({"variant": hierarchical.VARIANTS[0]} if base == "hierarchical" else {})
+    if base == "ring" and extra.isdigit() and int(extra) > 0:
+        return base, {"segment_bytes": int(extra) * 1024}
+    if base == "hierarchical" and extra in hierarchical.VARIANTS:
+        return base, {"variant": extra}
+    raise ValueError(f"algorithm {name!r}: {base} takes " + ("a segment size in KiB (ring:256)" if base == "ring" else
+                     f"a variant ({', '.join(hierarchical.VARIANTS)})" if base == "hierarchical" else "no option"))
+
+
+__all__ = ["ALGORITHMS", "all_reduce", "bad_option", "options_for", "parse", "seconds", "wire_bytes"]

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 
+from ringexp import costmodel
 from ringexp.comm import naive, ring
 from ringexp.comm.p2p import finish, global_ranks, members_of, work_copy
 
@@ -139,3 +140,29 @@ def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_lev
     if variant == "two_level":
         return ring.wire_bytes(nbytes, m, wire_ratio if scope == "all" else 1.0) + inter
     return inter + (m - 1) * nbytes  # the leader: ring traffic plus sending the result to m - 1 ranks
+
+
+def seconds(cl, nbytes: float, wire=costmodel.NONE, variant: str = "two_level", scope: str = "all",
+            **_options) -> float:
+    """Predicted time of one all-reduce of `nbytes` float32 bytes on cluster `cl` (its real nodes), `wire` between
+    nodes (and inside them too with scope=all). two_level [NCCL's and Horovod's; S in ringexp.costmodel]: a ring
+    reduce-scatter inside the node (k ranks), k rings between nodes each on n/k bytes (together n bytes through
+    each node's link), an all-gather inside. leader (seed article 000): gather to the node's first rank (k-1
+    whole buffers in turn, each summed), a ring of the N leaders on n bytes, the result sent back in turn."""
+    nodes, k = cl.nodes, cl.ranks_per_node
+    inside = costmodel.NONE if scope == "inter_node" else wire
+    if variant == "two_level" and (nodes == 1 or k == 1):
+        return ring.seconds(cl, nbytes, wire)
+
+    def between(reduced=None):
+        return costmodel.ring_s(cl, nbytes, nodes, lambda b: costmodel.hop(cl.inter, b), wire, reduced,
+                                ring.segments(nbytes / nodes))
+
+    if variant == "two_level":
+        intra = costmodel.ring_s(cl, nbytes, k, lambda b: costmodel.hop(cl.intra, b), inside,
+                                 segments=ring.segments(nbytes / k))
+        return intra + between(reduced=nbytes / k)
+    add = cl.add_s_per_byte if inside is costmodel.NONE else inside.decode + inside.encode / (k or 1)
+    gather = (k - 1) * (costmodel.hop(cl.intra, inside.ratio * nbytes) + nbytes * add)
+    back = (k - 1) * costmodel.hop(cl.intra, inside.ratio * nbytes)
+    return gather + between() + back

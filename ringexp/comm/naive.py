@@ -9,6 +9,7 @@ The two halves, gather_sum and send_back, are also hierarchical's leader variant
 import torch
 import torch.distributed as dist
 
+from ringexp import costmodel
 from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
 
 OPTIONS = ("timeout_s", "wire")  # all_reduce's options (ringexp.comm refuses others)
@@ -92,3 +93,16 @@ def all_gather(payload, buf, stride: int, group=None, timeout_s=None) -> list:
 
 def wire_bytes(nbytes: int, world_size: int, wire_ratio: float = 1.0, **_options) -> int:
     return int((world_size - 1) * nbytes * wire_ratio)  # rank 0's share: the busiest link
+
+
+def seconds(cl, nbytes: float, wire=costmodel.NONE, **_options) -> float:
+    """Predicted time on cluster `cl`: rank 0 receives p-1 whole buffers in turn (the other nodes' through its
+    node link), sums, and sends p-1 back."""
+    far, k = (cl.nodes - 1) * cl.ranks_per_node, cl.ranks_per_node
+    sent = wire.ratio * nbytes
+    one_way = (k - 1) * costmodel.hop(cl.intra, sent) + far * costmodel.hop(cl.inter, sent)
+    plain = wire is costmodel.NONE
+    compute = (costmodel.ranks(cl) - 1) * nbytes * (cl.add_s_per_byte if plain else wire.decode)
+    if plain:  # the adds wait for each buffer; the next one is on its way meanwhile only with a codec
+        return 2 * one_way + compute
+    return costmodel.together(cl, one_way, compute + nbytes * wire.encode) + one_way

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from ringexp import costmodel
 from ringexp.comm.buffers import scratch
 from ringexp.comm.p2p import exchange, finish, global_rank, irecv, isend, members_of, wait, work_copy
 
@@ -255,3 +256,17 @@ def all_reduce(tensor, group=None, segment_bytes=None, timeout_s=None, wire=None
 def wire_bytes(nbytes: int, world_size: int, wire_ratio: float = 1.0, **_options) -> int:
     """`wire_ratio`: encoded / float32 bytes of a compressor on the wire (ringexp.compress)."""
     return int(2 * (world_size - 1) * nbytes * wire_ratio) // world_size if world_size > 1 else 0
+
+
+def segments(chunk_bytes: float) -> int:
+    """Pipeline segments per chunk of `chunk_bytes` with the automatic segment size (and gloo's ring, which this one
+    copies): half a chunk each, within [MIN_AUTO, MAX_AUTO]."""
+    size = min(max(chunk_bytes / 2, MIN_AUTO), MAX_AUTO)
+    return max(1, math.ceil(chunk_bytes / size))
+
+
+def seconds(cl, nbytes: float, wire=costmodel.NONE, **_options) -> float:
+    """Predicted time of one all-reduce of `nbytes` float32 bytes over every rank of cluster `cl`: 2(p-1) steps of
+    one chunk, each paced by the slowest hop (ringexp.costmodel.ring_s), encoded as `wire` at every hop."""
+    p = costmodel.ranks(cl)
+    return costmodel.ring_s(cl, nbytes, p, lambda b: costmodel.slowest_hop(cl, b), wire, segments=segments(nbytes / p))

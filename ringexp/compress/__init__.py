@@ -21,8 +21,9 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ringexp import comm
+from ringexp import comm, costmodel
 from ringexp.compress import cast, feedback, int8, powersgd, randomk, sign, topk
+from ringexp.config import CompressionConfig
 from ringexp.timing import median_time
 
 COMPRESSORS = {"none": None, "fp16": cast, "bf16": cast, "int8": int8, "topk": topk, "randomk": randomk,
@@ -233,4 +234,49 @@ def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **opti
     return (n - 1) * n * per_rank if algorithm == "naive" else (n - 1) * per_rank
 
 
-__all__ = ["COMPRESSORS", "State", "all_reduce", "all_gather", "wire_bytes", "payload_bytes"]
+def wire_of(cl, c, numel: int, layout=None) -> costmodel.Wire:
+    """Compressor config `c` as the cost model's Wire: its payload size once warm, its codec costs from cluster
+    `cl`'s file (seconds per float32 byte)."""
+    ratio = payload_bytes(c, numel, layout) / (4 * numel) if numel else 1.0
+    return costmodel.Wire(ratio, cl.encode_s_per_byte.get(c.name, 0.0), cl.decode_s_per_byte.get(c.name, 0.0))
+
+
+def seconds(cl, c, algorithm: str, shapes, **options) -> float:
+    """Predicted seconds of one all-reduce of gradients of `shapes` (a bucket) on cluster `cl` through compressor
+    config `c`, along the path `all_reduce` takes: a wire format inside the collective; encode, all-reduce the
+    payload, decode; or all-gather the payloads and decode every one (PowerSGD: its own, powersgd.seconds)."""
+    m, numel = COMPRESSORS[c.name], sum(s.numel() for s in shapes)
+    n, options = 4 * numel, comm.options_for(algorithm, options)
+    if m is None:
+        return comm.seconds(algorithm, cl, n, **options)
+    if m is powersgd:
+        return powersgd.seconds(cl, c, shapes)
+    wire = wire_of(cl, c, numel, [s.numel() for s in shapes])
+    if m.WIRE and algorithm != "builtin":
+        return comm.seconds(algorithm, cl, n, wire, **options | {"scope": c.scope})
+    if m.sum_dtype(c) is not None:
+        return n * (wire.encode + wire.decode) + comm.seconds(algorithm, cl, wire.ratio * n, **options)
+    gather = costmodel.root_gather_s if algorithm == "naive" else costmodel.ring_gather_s
+    return gather(cl, wire.ratio * n, n, wire)
+
+
+def parse(name: str, **fields) -> tuple:
+    """(algorithm, options, compression config or None) of a bench row's name: ALGORITHM (ringexp.comm.parse's)
+    alone, or ALGORITHM+COMPRESSOR, COMPRESSOR:inter being a wire format between nodes only (hierarchical);
+    `fields`: the compression config's other values (ratio=...). ValueError saying what is wrong otherwise.
+    PowerSGD is a DDP hook, not an all-reduce: not benchmarked."""
+    algo_name, plus, comp = name.partition("+")
+    algorithm, options = comm.parse(algo_name)
+    if not plus:
+        return algorithm, options, None
+    cname, colon, where = comp.partition(":")
+    if cname not in COMPRESSORS or cname in ("none", "powersgd") or (colon and where != "inter"):
+        raise ValueError(f"compressor {comp!r}: choose from "
+                         f"{', '.join(c for c in COMPRESSORS if c not in ('none', 'powersgd'))}, or NAME:inter")
+    if colon and (algorithm != "hierarchical" or not COMPRESSORS[cname].WIRE):
+        raise ValueError(f"{name!r}: COMPRESSOR:inter is fp16, bf16 or int8 between nodes, on hierarchical only")
+    return algorithm, options, CompressionConfig(name=cname, error_feedback=False,
+                                                 scope="inter_node" if colon else "all", **fields)
+
+
+__all__ = ["COMPRESSORS", "State", "all_reduce", "all_gather", "parse", "payload_bytes", "seconds", "wire_bytes"]

@@ -2,10 +2,13 @@
 all-reduced with the builtin collective, so it composes with strategy ddp only (validated before launch).
 Before `start_step` (>= 2, as torch requires for error feedback to warm up) it all-reduces uncompressed."""
 
+import dataclasses
+
 import numpy as np
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
+from ringexp import comm
 from ringexp.timing import median_time
 
 WIRE = False
@@ -107,6 +110,21 @@ def wire_numel(shapes, c) -> int:
         n, m = (shape[0], shape.numel() // shape[0]) if len(shape) > 1 else (1, shape.numel())
         total += (n + m) * min(c.rank, n, m) if compressed(shape, c) else shape.numel()
     return total
+
+
+def seconds(cl, c, shapes) -> float:
+    """Predicted time of one bucket of `shapes` on cluster `cl` [Vogels et al. 2019]: PyTorch's hook all-reduces
+    (builtin) the uncompressed vectors, then P and Q (three all-reduces; the model counts their bytes in one and
+    the latency of all three), plus its own arithmetic at the cluster's cost per float32 byte."""
+    arithmetic = 4 * sum(s.numel() for s in shapes) * cl.encode_s_per_byte.get(c.name, 0.0)
+    return 2 * comm.seconds("builtin", cl, 0) + comm.seconds("builtin", cl, 4 * wire_numel(shapes, c)) + arithmetic
+
+
+def measured(cl, c, shapes):
+    """Cluster `cl` with PowerSGD's cost per byte measured here for these shapes (arithmetic_s, times the cluster's
+    compute slowdown) instead of its file's one large-matrix figure: for a cluster of this machine's kind."""
+    per_byte = arithmetic_s(shapes, c) * cl.compute_slowdown / (4 * sum(s.numel() for s in shapes))
+    return dataclasses.replace(cl, encode_s_per_byte={**cl.encode_s_per_byte, c.name: per_byte})
 
 
 def state_dict(state) -> dict:

@@ -6,10 +6,13 @@ communication state are saved and loaded. Registered by `parallel.strategy` name
     ddp           ddp.py    DDP with its builtin all-reduce (the reference)
     ring, hierarchical, naive   ddp.py + hooks.py: DDP with a ringexp collective (ringexp.comm) as its hook
     fsdp          fsdp.py   PyTorch FSDP2
+
+Each also answers, without a process group, what it sends per step (`traffic`) and what its step costs on a
+cluster model (`step_cost`): the run's bytes on the wire and ringexp.plan's predictions are the same code.
 """
 
 from ringexp.config import StrategyName
-from ringexp.parallel.base import Single, Strategy
+from ringexp.parallel.base import Single, Strategy, World
 from ringexp.parallel.ddp import DDPStrategy
 from ringexp.parallel.fsdp import FSDPStrategy
 
@@ -27,4 +30,17 @@ def check(cfg, world_size: int) -> None:
     STRATEGIES[cfg.parallel.strategy].check(cfg, world_size)
 
 
-__all__ = ["STRATEGIES", "Strategy", "build", "check"]
+def traffic(cfg, world: World, shapes: list) -> int:
+    """Bytes the busiest rank sends per optimizer step of `cfg` in `world`, as its strategy counts them."""
+    return STRATEGIES[cfg.parallel.strategy].traffic(cfg, world, shapes)
+
+
+def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
+    """The strategy's predicted step of `cfg` on cluster `cl` (comm_s, exposed_s, step_s) and the samples/s of every
+    rank together that follows."""
+    out = STRATEGIES[cfg.parallel.strategy].step_cost(cl, cfg, shapes, compute)
+    return out | {"samples_s": World.of_cluster(cl).ranks * cfg.accumulation.steps * cfg.data.batch_size
+                  / out["step_s"]}
+
+
+__all__ = ["STRATEGIES", "Strategy", "World", "build", "check", "step_cost", "traffic"]

@@ -6,13 +6,27 @@ is running. Subclasses (ddp.py, fsdp.py) override what they do differently.
 """
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ringexp import records
+from ringexp import costmodel, records
 from ringexp.config import AmpMode
 from ringexp.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class World:
+    """Where a strategy runs, as far as what it sends and what its step costs depend on it: the ranks, the nodes
+    they are grouped into (the hierarchical all-reduce's) and the backend (gloo or nccl)."""
+    ranks: int
+    nodes: int
+    backend: str
+
+    @staticmethod
+    def of_cluster(cl) -> "World":
+        return World(costmodel.ranks(cl), cl.nodes, cl.backend)
 
 
 class Strategy:
@@ -39,9 +53,30 @@ class Strategy:
         """fp16 loss scaling (disabled unless amp=fp16)."""
         return torch.amp.GradScaler(self.env.device.type, enabled=self.cfg.amp.mode == AmpMode.fp16)
 
+    def world(self) -> World:
+        """This run's World: its ranks, its backend, and the nodes the config or the launcher groups them into."""
+        env, nodes = self.env, self.cfg.parallel.nodes
+        if nodes is None:
+            local = env.local_world_size
+            nodes = env.world_size // local if local and env.world_size % local == 0 else 1
+        return World(env.world_size, nodes, env.backend)
+
     def wire_bytes(self, shapes: list) -> int:
         """Bytes the busiest rank sends per optimizer step, for gradients of these parameter shapes."""
+        return self.traffic(self.cfg, self.world(), shapes)
+
+    @staticmethod
+    def traffic(cfg, world: World, shapes: list) -> int:
+        """Bytes the busiest rank sends per optimizer step of training config `cfg` in `world`, for gradients of
+        parameter `shapes`: what a run records (wire_bytes) and what the planner predicts, without a process
+        group."""
         return 0
+
+    @staticmethod
+    def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
+        """{comm_s, exposed_s, step_s} of one optimizer step of `cfg` on cluster `cl` (a ClusterConfig), for a model
+        of parameter `shapes` whose one rank takes `compute` (forward_s, backward_s, optimizer_s)."""
+        return costmodel.step(0.0, 0.0, compute, cfg.accumulation.steps)
 
     def wire_note(self) -> str:
         """What the bytes-on-wire figure counts."""

@@ -7,10 +7,11 @@ PowerSGD); every other combination goes through ringexp's hook and ringexp.compr
 """
 
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import comm, compress, timing
+from ringexp import comm, compress, costmodel, timing
 from ringexp.compress import powersgd
 from ringexp.parallel import hooks
 from ringexp.parallel.base import Strategy
@@ -68,10 +69,26 @@ class DDPStrategy(Strategy):
     def no_sync(self, model, sync: bool):
         return super().no_sync(model, sync) if sync else model.no_sync()
 
-    def wire_bytes(self, shapes: list) -> int:
+    @staticmethod
+    def traffic(cfg, world, shapes: list) -> int:
         numel = sum(s.numel() for s in shapes)
-        return compress.wire_bytes(self.cfg.compression, self.algorithm, numel, self.env.world_size, shapes,
-                                   **comm_options(self.cfg.parallel))
+        options = comm_options(cfg.parallel)  # hierarchical: parallel.nodes where set (emulated), else the world's
+        return compress.wire_bytes(cfg.compression, ALGORITHM[cfg.parallel.strategy], numel, world.ranks, shapes,
+                                   **options | {"nodes": options["nodes"] or world.nodes})
+
+    @staticmethod
+    def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
+        """DDP's buckets (bucket_shapes), each reduced as the strategy's all-reduce and compressor do it
+        (ringexp.compress.seconds) once backward has produced its gradients, in proportion to the gradient bytes
+        produced so far; with accumulation, micro_steps - 1 micro-steps without communication come first
+        (no_sync), so communication per sample falls by micro_steps."""
+        buckets = bucket_shapes(cfg, shapes)
+        algorithm, options = ALGORITHM[cfg.parallel.strategy], {"variant": cfg.parallel.variant}
+        comm_s = [compress.seconds(cl, cfg.compression, algorithm, b, **options) for b in buckets]
+        sizes = [sum(s.numel() for s in b) for b in buckets]
+        ready = [compute["backward_s"] * sum(sizes[:i + 1]) / (sum(sizes) or 1) for i in range(len(sizes))]
+        _, exposed = costmodel.overlap(ready, comm_s, compute["backward_s"])
+        return costmodel.step(sum(comm_s), exposed, compute, cfg.accumulation.steps)
 
     def state_dict(self):
         """ringexp's compressor (residuals, DGC momentum, step counts) or PyTorch's PowerSGD (error feedback and
@@ -95,6 +112,16 @@ class DDPStrategy(Strategy):
     def close(self) -> None:
         if self.hook_state is not None:
             self.hook_state.close()
+
+
+def bucket_shapes(cfg, shapes: list) -> list:
+    """DDP's buckets as lists of parameter shapes, in the order they fill: torch's own assignment function, as
+    DDP's reducer calls it when it rebuilds its buckets after the first step (parameters in the order backward
+    produced their gradients, about the reverse of the model's; every bucket capped at bucket_cap_mb, the first
+    one too, since ringexp always passes bucket_cap_mb)."""
+    params = [torch.empty(s, device="meta") for s in reversed(shapes)]
+    groups, _ = dist._compute_bucket_assignment_by_size(params, [int(cfg.parallel.bucket_cap_mb * (1 << 20))])
+    return [[params[i].shape for i in g] for g in groups]
 
 
 def settle_buckets(ddp, example) -> None:

@@ -28,11 +28,21 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from ringexp import records
+from ringexp import costmodel, records
+from ringexp.comm import ring
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
 from ringexp.errors import CheckpointError, ConfigError, one_line
 from ringexp.parallel.base import Strategy
+
+
+def moved(cfg, backend: str) -> tuple:
+    """(bytes per parameter gathered, bytes per gradient reduced, all-gathers per step, reduce-scatter as halves
+    of an all-reduce: 1 on NCCL, 2 on gloo, which has no reduce-scatter)."""
+    param = 2 if cfg.amp.mode in DTYPES else 4
+    reduce = 2 if cfg.compression.name in DTYPES else 4
+    gathers = cfg.accumulation.steps * (2 if cfg.parallel.reshard_after_forward else 1)
+    return param, reduce, gathers, 1 if backend == "nccl" else 2
 
 
 class FSDPStrategy(Strategy):
@@ -66,19 +76,31 @@ class FSDPStrategy(Strategy):
             return super().grad_scaler()
         return ShardedGradScaler(self.env.device.type)
 
-    def wire_bytes(self, shapes: list) -> int:
+    @staticmethod
+    def traffic(cfg, world, shapes: list) -> int:
         """Bytes one rank sends per optimizer step: an all-gather of the parameters per forward (and again per
         backward when they are resharded after forward), per micro-batch, and one reduce-scatter of the
         gradients, which gloo runs as a full all-reduce (2(n-1)/n of the buffer instead of (n-1)/n)."""
-        cfg, n = self.cfg, self.env.world_size
+        n = world.ranks
         if n < 2:
             return 0
         numel = sum(s.numel() for s in shapes)
-        param = 2 if cfg.amp.mode in DTYPES else 4
-        reduce = 2 if cfg.compression.name in DTYPES else 4
-        gathers = cfg.accumulation.steps * (2 if cfg.parallel.reshard_after_forward else 1)
-        scatter = 1 if self.env.backend == "nccl" else 2
+        param, reduce, gathers, scatter = moved(cfg, world.backend)
         return int(numel * (gathers * param + scatter * reduce) * (n - 1) / n)
+
+    @staticmethod
+    def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
+        """Every all-gather of the parameters round a ring of every rank, in the param dtype, and the gradients'
+        reduce-scatter (half a ring; gloo: a whole all-reduce) in the reduce dtype [ZeRO-3: Rajbhandari et al.,
+        "ZeRO", SC 2020], all exposed: the model leaves out FSDP's one-block prefetch."""
+        p, numel = costmodel.ranks(cl), sum(s.numel() for s in shapes)
+        param, reduce, gathers, scatter = moved(cfg, cl.backend)
+        gather = (p - 1) * costmodel.slowest_hop(cl, param * numel / p)
+        wire = costmodel.NONE if reduce == 4 else costmodel.Wire(reduce / 4, 0.0, cl.add_s_per_byte)
+        ring_s = costmodel.ring_s(cl, 4 * numel, p, lambda b: costmodel.slowest_hop(cl, b), wire,
+                                  segments=ring.segments(4 * numel / p))
+        comm_s = gathers * gather + ring_s * scatter / 2
+        return costmodel.step(comm_s, comm_s, compute, cfg.accumulation.steps)
 
     def wire_note(self) -> str:
         return ("nccl: all-gather and reduce-scatter" if self.env.backend == "nccl"

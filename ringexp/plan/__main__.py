@@ -1,0 +1,3 @@
+from ringexp.plan.cli import main
+
+main()

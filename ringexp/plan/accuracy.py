@@ -1,0 +1,121 @@
+"""`python -m ringexp.plan accuracy bench=[bench.json,...]`: every row of ringexp.bench run on the cluster against the
+cost model's prediction from the cluster file (the row's collective and compressor answer for it:
+ringexp.compress.seconds), as a table, the median and worst relative errors, and a plot."""
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+
+import torch
+
+from ringexp import compress, records
+from ringexp.config import CompressionConfig, PlanConfig
+from ringexp.errors import ConfigError
+from ringexp.plotting import pyplot
+
+# what `accuracy` reads of a bench.json row, and its type
+BENCH_KEYS = {"algorithm": str, "link": str, "size_bytes": int, "count": int, "nodes": int, "ranks_per_node": int,
+              "time_us": (int, float)}
+
+
+def accuracy(pc: PlanConfig, train: list = ()) -> None:
+    rows = [(path, r) for path in pc.bench for r in bench_rows(path)]
+    if not rows:
+        raise ConfigError("accuracy needs bench=[PATH,...]: bench.json files of ringexp.bench run on the cluster")
+    out = [case(pc, path, r) for path, r in rows]
+    errors = sorted(abs(o["error"]) for o in out)
+    lines = [f"# {pc.cluster.name}: ringexp.bench medians against the cost model", "",
+             "| nodes x ranks | link | algorithm | size | measured ms | predicted ms | error |", "|" + "---|" * 7]
+    lines += [f"| {o['nodes']} x {o['ranks_per_node']} | {o['link']} | {o['algorithm']} | {o['size_bytes'] >> 20} MB | "
+              f"{o['measured_s'] * 1e3:.1f} | {o['predicted_s'] * 1e3:.1f} | {o['error']:+.0%} |" for o in out]
+    lines += ["", f"{len(out)} cases: median |error| {statistics.median(errors):.1%}, worst {errors[-1]:.1%}; "
+              f"within 10%: {sum(e <= 0.10 for e in errors)}, within 25%: {sum(e <= 0.25 for e in errors)}"]
+    text = "\n".join(lines) + "\n"
+    if pc.out:
+        Path(pc.out).mkdir(parents=True, exist_ok=True)
+        Path(pc.out, "accuracy.md").write_text(text)
+        Path(pc.out, "accuracy.json").write_text(json.dumps(out, indent=1) + "\n")
+        accuracy_plot(pc.cluster.name, out, Path(pc.out, "accuracy.png"))
+    print(text, end="")
+
+
+def case(pc: PlanConfig, path: str, r: dict) -> dict:
+    """One bench row beside the model's prediction for its shape of cluster, collective and compressor."""
+    try:  # the cluster's own checks (nodes and ranks in range), naming the bench file whose row failed them
+        cl = dataclasses.replace(pc.cluster, nodes=r["nodes"], ranks_per_node=r["ranks_per_node"])
+    except ConfigError as e:
+        raise ConfigError(f"bench={path}: {e}") from None
+    algorithm, options, c = compress.parse(r["algorithm"])
+    predicted = compress.seconds(cl, c or CompressionConfig(name="none"), algorithm, [torch.Size([r["count"]])],
+                                 **options)
+    return {"algorithm": r["algorithm"], "size_bytes": r["size_bytes"], "nodes": r["nodes"],
+            "ranks_per_node": r["ranks_per_node"], "link": r["link"], "measured_s": r["time_us"] / 1e6,
+            "predicted_s": predicted, "error": predicted / (r["time_us"] / 1e6) - 1}
+
+
+def bench_rows(path: str) -> list:
+    """The rows of one bench.json of ringexp.bench, each with what accuracy reads, of the type it needs (numbers
+    finite and in range, an algorithm and compressor the bench runs); ConfigError naming the file and row."""
+    try:
+        rows = records.parse_json(records.read_bytes(path, records.SMALL, follow=True))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"bench={path}: cannot read it ({e}); give bench.json files of ringexp.bench") from None
+    if not isinstance(rows, list):
+        raise ConfigError(f"bench={path}: not a list of rows; give bench.json files of ringexp.bench")
+    for i, r in enumerate(rows):
+        wrong = bench_row_error(r)
+        if wrong:
+            raise ConfigError(f"bench={path}: row {i}: {wrong}; give bench.json files of ringexp.bench")
+    return rows
+
+
+def bench_row_error(r) -> str:
+    """What keeps a bench.json row from being predicted ('' when nothing does)."""
+    if not isinstance(r, dict):
+        return f"a {type(r).__name__}, not a row (an object)"
+    missing = [k for k in BENCH_KEYS if k not in r]
+    if missing:
+        return f"no {missing[0]!r}"
+    for key, kind in BENCH_KEYS.items():
+        v = r[key]
+        if isinstance(v, bool) or not isinstance(v, kind):  # (True is an int to Python)
+            return f"{key}={v!r} is not {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
+        if kind is not str and not (math.isfinite(v) and v > 0):
+            return f"{key}={v!r} must be a finite number > 0"
+    try:
+        compress.parse(r["algorithm"])
+    except ValueError as e:
+        return f"algorithm {r['algorithm']!r} is none ringexp.bench runs ({e})"
+    return ""
+
+
+def accuracy_plot(name: str, out: list, path: Path) -> None:
+    """Measured against predicted, one point per bench case (colour: compressor, marker: algorithm), with the
+    line where they are equal and the 25% band around it."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 5))
+    algorithms = list(dict.fromkeys(o["algorithm"].partition("+")[0] for o in out))  # as the bench named them
+    markers = dict(zip(algorithms, "osD^v<>ph*", strict=False))
+    colours = {"none": "tab:blue", "fp16": "tab:orange", "int8": "tab:green"}
+    for o in out:
+        algo, _, comp = o["algorithm"].partition("+")
+        comp = comp.split(":")[0] or "none"
+        ax.scatter(o["measured_s"] * 1e3, o["predicted_s"] * 1e3, marker=markers.get(algo, "x"),
+                   color=colours.get(comp, "tab:grey"), s=30, alpha=0.8)
+    lo = min(min(o["measured_s"], o["predicted_s"]) for o in out) * 1e3 / 1.5
+    hi = max(max(o["measured_s"], o["predicted_s"]) for o in out) * 1e3 * 1.5
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.15,
+                    label="within 25%")
+    for label, m in markers.items():
+        ax.scatter([], [], marker=m, color="black", label=label)
+    for label, c in colours.items():
+        ax.scatter([], [], marker="s", color=c, label=label)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured median (ms)",
+           ylabel="predicted (ms)", title=f"{name}: all-reduce, model against ringexp.bench")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

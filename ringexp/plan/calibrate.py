@@ -1,0 +1,166 @@
+"""`python -m ringexp.plan calibrate`: on the ranks it runs on (`nprocs` local workers, or every rank of a torchrun or
+Slurm job) every rank exchanges a message with a neighbour at each of `sizes`, all at once as in a ring step, first
+inside its node, then with the same local rank on the next node; each level's medians are fitted to alpha + n beta.
+Then the cost per byte of an add and of every codec, and how much slower a rank computes in training (every rank
+computing and communicating) than alone. A time is the slowest rank's (ringexp.dist.slowest)."""
+
+import os
+import statistics
+import threading
+import time
+from functools import partial
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ringexp import compress
+from ringexp import dist as rdist
+from ringexp.config import CompressionConfig, ModelConfig, PlanConfig
+from ringexp.errors import ConfigError
+from ringexp.launch import elastic, under_external_launcher
+from ringexp.models import build_model
+from ringexp.plan import clusters
+from ringexp.timing import median_time
+
+CODECS = ("fp16", "bf16", "int8", "topk", "randomk", "sign", "powersgd")
+
+
+def exchange_times(cfg: PlanConfig, env, to: int, frm: int, sync) -> list:
+    """[(bytes, seconds)]: every rank sends `bytes` to `to` while receiving as much from `frm`, all at once; a
+    time is the slowest rank's, the median of `iters` rounds after one warm-up."""
+    out = []
+    for size in cfg.sizes:
+        send, recv = (torch.zeros(size, dtype=torch.uint8, device=env.device) for _ in range(2))
+        times = []
+        for it in range(cfg.iters + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            sync()
+            t = rdist.slowest(time.perf_counter() - t0, env.device)
+            times += [t] if it else []
+        out.append((size, statistics.median(times)))
+    return out
+
+
+def fit(points: list, scale: int = 1) -> dict:
+    """alpha + beta n through (bytes x scale, seconds) points. beta: least squares on absolute error, so that the
+    large messages the collectives are made of set it (a relative fit let small messages, noisy and helped by
+    the shaper's burst, pull beta down 15-60% on the local cluster); alpha: the least that messages up to 1 MB
+    take beyond beta n (scheduling hiccups only ever add time), kept >= 0."""
+    x = np.array([b * scale for b, _ in points], dtype=float)
+    t = np.array([s for _, s in points], dtype=float)
+    (intercept, beta), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), t, rcond=None)
+    if beta <= 0:
+        beta, intercept = t[-1] / x[-1], 0.0
+    small = x <= (1 << 20) * scale
+    alpha = max(0.0, float(np.min(t[small] - beta * x[small])) if small.any() else float(intercept))
+    worst = float(np.max(np.abs(alpha + beta * x - t) / t))
+    return {"alpha_s": alpha, "beta_s_per_byte": float(beta), "fit_error": worst,
+            "points": [[int(b), s] for b, s in zip(x, t, strict=True)]}
+
+
+def compute_costs(cfg: PlanConfig, env, sync) -> dict:
+    """Per float32 byte, every rank at once (the slowest rank's): an add, each codec's encode and decode
+    (PowerSGD: P = MQ, orthogonalise, Q = M^T P, M ~ P Q^T at rank 8, as one encode); and the compute slowdown."""
+    x, y = torch.randn(1 << 22, device=env.device), torch.randn(1 << 22, device=env.device)
+    nbytes = 4 * x.numel()
+    dist.barrier()
+    out = {"add_s_per_byte": rdist.slowest(median_time(lambda: y.add_(x), cfg.iters, sync), env.device) / nbytes,
+           "encode_s_per_byte": {}, "decode_s_per_byte": {}}
+    for name in CODECS[:-1]:
+        dist.barrier()
+        enc, dec, _ = compress.codec_seconds(CompressionConfig(name=name, error_feedback=False), x, cfg.iters, sync)
+        out["encode_s_per_byte"][name] = rdist.slowest(enc, env.device) / nbytes
+        out["decode_s_per_byte"][name] = rdist.slowest(dec, env.device) / nbytes
+    m, q = torch.randn(1024, 1024, device=env.device), torch.randn(1024, 8, device=env.device)
+
+    def powersgd():
+        p = torch.linalg.qr(m @ q).Q
+        return p @ (m.T @ p).T
+
+    dist.barrier()
+    psgd = rdist.slowest(median_time(powersgd, cfg.iters, sync), env.device)
+    out["encode_s_per_byte"]["powersgd"] = psgd / (4 * m.numel())
+    out["decode_s_per_byte"]["powersgd"] = 0.0
+    out["compute_slowdown"] = compute_slowdown(env, cfg.iters, sync)
+    return out
+
+
+def compute_slowdown(env, iters: int, sync) -> float:
+    """How much slower a rank computes in training than alone: ResNet-18's forward and backward (batch 8, 64 x 64)
+    on rank 0 alone, against every rank at once while each also exchanges 4 MB messages with its ring neighbours,
+    as DDP's all-reduces run during backward. On shared CPU cores the network stack takes its share: 2.9 on the
+    2 x 2 local cluster, against 2.4 without the exchanges and 2.0 for a matmul loop (story runs: 3.4)."""
+    model = build_model(ModelConfig(name="resnet18"), 8).to(env.device)
+    x, y = torch.randn(8, 3, 64, 64, device=env.device), torch.rand(8, 8, device=env.device)
+
+    def work():
+        F.binary_cross_entropy_with_logits(model(x), y).backward()
+
+    work()
+    dist.barrier()
+    alone = median_time(work, iters, sync) if env.rank == 0 else 0.0
+    dist.barrier()
+    busy = exchanging(env, lambda: median_time(work, iters, sync))
+    return rdist.slowest(busy, env.device) / rdist.slowest(alone, env.device)
+
+
+def exchanging(env, fn):
+    """fn() while a thread on every rank exchanges 4 MB with its ring neighbours on a group of its own; the ranks
+    agree each round (a 1-element all-reduce) whether to go on, so that all stop after the same round."""
+    side, n = dist.new_group(), env.world_size
+    stop = threading.Event()
+    send, recv, flag = (torch.randn(1 << 20, device=env.device), torch.empty(1 << 20, device=env.device),
+                        torch.zeros(1, device=env.device))
+
+    def loop():
+        while True:
+            flag.fill_(float(stop.is_set()))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=side)
+            if flag.item():
+                return
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (env.rank + 1) % n, side),
+                                             dist.P2POp(dist.irecv, recv, (env.rank - 1) % n, side)]):
+                w.wait()
+
+    thread = threading.Thread(target=loop, name="ringexp-calibrate-exchange", daemon=True)
+    thread.start()
+    try:
+        return fn()
+    finally:
+        stop.set()
+        thread.join()
+        dist.destroy_process_group(side)
+
+
+def calibrate_worker(cfg: PlanConfig) -> dict:
+    env = rdist.init("cuda" if torch.cuda.is_available() else "cpu")
+    sync = partial(rdist.sync, env.device)
+    where = rdist.topology(env)
+    k, nodes = where["ranks_per_node"], where["nodes"]
+    node, local = divmod(env.rank, k)
+    out = dict(where) | {"backend": env.backend, "cpu_threads": torch.get_num_threads() if env.backend == "gloo" else 0}
+    if k > 1:
+        out["intra"] = fit(exchange_times(cfg, env, node * k + (local + 1) % k, node * k + (local - 1) % k, sync))
+    if nodes > 1:  # a step of the ring over every rank: one stream each way per node link, beside the intra hops
+        n = env.world_size  # (an exchange within one pair of ranks measured 30-50% slower at 1 Gbit/s here)
+        out["inter"] = fit(exchange_times(cfg, env, (env.rank + 1) % n, (env.rank - 1) % n, sync))
+    out |= compute_costs(cfg, env, sync)
+    rdist.cleanup()
+    return out
+
+
+def calibrate(cfg: PlanConfig, train: list = ()) -> None:
+    """Measure on this job's ranks (or `nprocs` local workers) and write the cluster file."""
+    if under_external_launcher():
+        if int(os.environ["WORLD_SIZE"]) < 2:
+            raise ConfigError("calibrate needs at least 2 ranks (nprocs=2 or more, or torchrun --nproc-per-node 2)")
+        m = calibrate_worker(cfg)
+    else:
+        m = elastic(calibrate_worker, cfg.nprocs, cfg)[0]
+    clusters.write(m, cfg.out, cfg.label)

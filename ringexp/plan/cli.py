@@ -1,0 +1,107 @@
+"""The planner's command line: `python -m ringexp.plan calibrate|predict|accuracy [KEY=VALUE ...]`, Hydra's as
+ringexp.train's. PlanConfig's keys (conf/plan.yaml) and the `cluster` group go to the planner's config; every
+other KEY=VALUE is a training override (predict's). cluster=PATH.yaml loads that file over the default cluster."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ringexp.config import CONF_DIR, PlanConfig
+from ringexp.errors import ConfigError, one_line, print_error
+from ringexp.launch import as_rank
+from ringexp.plan import accuracy, calibrate, clusters, predict
+
+COMMANDS = {"calibrate": calibrate.calibrate, "predict": predict.predict, "accuracy": accuracy.accuracy}
+USAGE = "usage: python -m ringexp.plan calibrate|predict|accuracy [KEY=VALUE ...] (--help for the keys)"
+PLAN_KEYS = {f.name for f in dataclasses.fields(PlanConfig)}
+HELP = ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c")
+
+
+def split(args: list) -> tuple:
+    """(the planner's arguments, training overrides, the path of cluster=PATH.yaml or '')."""
+    plan = [a for a in args if a.startswith("-") or a.split("=", 1)[0].lstrip("+~").split(".")[0] in PLAN_KEYS]
+    path = next((a.split("=", 1)[1] for a in plan if a.startswith("cluster=") and a.endswith((".yaml", ".yml"))), "")
+    name = next((a.split("=", 1)[1] for a in plan if a.startswith("cluster=")), "")
+    if name and not path and name not in clusters.names():
+        raise ConfigError(f"cluster={name}: no such cluster file; choose from {', '.join(clusters.names())} "
+                          "(conf/cluster/), or give a YAML path")
+    if name and not path:  # read here first, so that Hydra, which reads it again, reads a file that is sound
+        clusters.read(Path(CONF_DIR, "cluster", f"{name}.yaml"))
+    return [a for a in plan if not (path and a.startswith("cluster="))], [a for a in args if a not in plan], path
+
+
+def resolved(cfg, path: str) -> PlanConfig:
+    """The composed planner config as a checked PlanConfig, the cluster file at `path` over its cluster."""
+    try:
+        if path:
+            cfg.cluster = clusters.read(path, over=cfg.cluster)
+        return OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        # Hydra's first line only names the override ("Error merging override x=.inf"); its cause says what is wrong
+        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+        raise ConfigError(one_line(str(e)).rstrip(".") + cause) from None
+
+
+def load(args: list) -> tuple:
+    """(PlanConfig, training overrides) of the planner's KEY=VALUE arguments, composed without Hydra's app (a
+    non-zero rank of calibrate, the README's check)."""
+    plan, train, path = split(args)
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("plan", overrides=plan)
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+        raise ConfigError(one_line(str(e)).rstrip(".") + cause) from None
+    return resolved(cfg, path), train
+
+
+def app(command: str | None, args: list) -> None:
+    """Hydra's app over the planner's arguments (its --help, its overrides, its errors), then the command."""
+    plan, train, path = split(args)
+    sys.argv = [f"ringexp.plan {command or ''}".strip(), *plan]
+
+    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="plan")
+    def run(cfg) -> None:
+        try:
+            if command is None:
+                raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
+            if command != "predict" and train:
+                raise ConfigError(f"{command} takes no training overrides (got {train[0]}); see conf/plan.yaml")
+            COMMANDS[command](resolved(cfg, path), train)
+        except ConfigError as e:
+            print_error(str(e))
+            sys.exit(2)
+
+    run()
+
+
+def other_rank(args: list) -> None:
+    """A non-zero rank of calibrate under torchrun or Slurm: the same config, nothing written, nothing said (rank 0
+    says what is wrong with it)."""
+    try:
+        cfg, _ = load(args)
+    except ConfigError:
+        sys.exit(2)
+    calibrate.calibrate_worker(cfg)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    command = args[0] if args and args[0] in COMMANDS else None
+    try:
+        if command is None and not any(a in HELP for a in args):
+            raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
+        rest = args[1:] if command else args
+        if command == "calibrate":
+            as_rank(lambda: app(command, rest), lambda: other_rank(rest))
+        else:
+            app(command, rest)
+    except ConfigError as e:
+        print_error(str(e))
+        sys.exit(2)

@@ -1,0 +1,75 @@
+"""Cluster files (conf/cluster/*.yaml): the ones there are, one read and checked, one written from calibrate's
+measurements."""
+
+import subprocess
+from datetime import date
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ringexp import records
+from ringexp.config import CONF_DIR, ClusterConfig, load_yaml
+from ringexp.errors import ConfigError
+
+LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB)
+
+
+def names() -> list:
+    return sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"))
+
+
+def read(path, over=None):
+    """The checked ClusterConfig of a cluster file (over `over`, a composed cluster config): a regular file of at
+    most LIMIT bytes (a FIFO or a device is refused, not waited on), UTF-8 YAML, every number finite and in its
+    range; ConfigError naming the file otherwise."""
+    try:
+        data = records.read_bytes(path, LIMIT, follow=True)
+    except OSError as e:
+        raise ConfigError(f"cluster={path}: cannot read it ({e.strerror or e}); give a conf/cluster/ YAML file"
+                          ) from None
+    return load_yaml(ClusterConfig, path, data, over)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=CONF_DIR, timeout=10).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def from_measurements(m: dict, out: str | None, label: str | None) -> tuple:
+    """(name, YAML text) of a cluster file from calibrate's measurements `m`; `out`: the file's path (its stem
+    names the cluster), `label`: the link's name (else the job's, as runs record it)."""
+    link = label or m["link"]
+    name = Path(out).stem if out else f"calibrated_{m['nodes']}x{m['ranks_per_node']}_{link}"
+    how = f"measured by python -m ringexp.plan calibrate at commit {commit()} on {date.today()}"
+    levels = {}
+    for level in ("intra", "inter"):
+        got = m.get(level) or m.get("intra") or m.get("inter")
+        note = how if level in m else f"not measured (no second {'rank on a node' if level == 'intra' else 'node'}"\
+            f"): the other level's values"
+        levels[level] = {"alpha_s": got["alpha_s"], "beta_s_per_byte": got["beta_s_per_byte"],
+                         "source": f"{note}; worst fit error {got['fit_error']:.0%}"}
+    body = {"name": name, "nodes": m["nodes"], "ranks_per_node": m["ranks_per_node"], "link": link,
+            "backend": m["backend"], **levels,
+            "add_s_per_byte": m["add_s_per_byte"], "encode_s_per_byte": m["encode_s_per_byte"],
+            "decode_s_per_byte": m["decode_s_per_byte"], "compute_slowdown": m["compute_slowdown"],
+            "cpu_threads": m["cpu_threads"], "source": how}
+    return name, f"# {how}\n" + OmegaConf.to_yaml(OmegaConf.create(body))
+
+
+def write(m: dict, out: str | None, label: str | None) -> None:
+    """The cluster file of calibrate's measurements, into `out` or conf/cluster/, and what was measured."""
+    name, text = from_measurements(m, out, label)
+    path = Path(out or Path(CONF_DIR, "cluster", f"{name}.yaml"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    for level in ("intra", "inter"):
+        if level in m:
+            f = m[level]
+            seen = ", ".join(f"{b >> 10} KB {t * 1e3:.2f} ms" for b, t in f["points"])
+            print(f"ringexp: {level}: alpha {f['alpha_s'] * 1e6:.1f} us, {8 / f['beta_s_per_byte'] / 1e9:.2f} Gbit/s "
+                  f"(worst fit error {f['fit_error']:.0%}; measured {seen})")
+    print(f"ringexp: add {1 / m['add_s_per_byte'] / 1e9:.2f} GB/s, compute slowdown {m['compute_slowdown']:.2f}; "
+          f"wrote {path} (use it: python -m ringexp.plan predict cluster={name})")

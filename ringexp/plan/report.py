@@ -1,0 +1,53 @@
+"""What predict writes: the table of presets (plan.md) and the plot of step time against the inter-node link
+(plan.png)."""
+
+import dataclasses
+from pathlib import Path
+
+from ringexp.plotting import pyplot
+
+BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
+
+
+def report(cl, base, rows: list, compute: dict, source: str, best: dict, command: str, budget: float) -> str:
+    ranks = cl.nodes * cl.ranks_per_node
+    lines = [f"# Predicted by ringexp's cost model (not measured): {base.model.name}, batch {base.data.batch_size} "
+             f"per rank, on {cl.name}: {cl.nodes} node(s) x {cl.ranks_per_node} = {ranks} ranks", "",
+             f"- intra-node: alpha {cl.intra.alpha_s * 1e6:.1f} us, {8 / cl.intra.beta_s_per_byte / 1e9:.3g} Gbit/s "
+             f"({cl.intra.source or 'no source given'})",
+             f"- inter-node: alpha {cl.inter.alpha_s * 1e6:.1f} us, {8 / cl.inter.beta_s_per_byte / 1e9:.3g} Gbit/s "
+             f"per node ({cl.inter.source or 'no source given'})",
+             f"- compute per rank: forward {compute['forward_s'] * 1e3:.1f} ms, backward "
+             f"{compute['backward_s'] * 1e3:.1f} ms, optimizer {compute['optimizer_s'] * 1e3:.1f} ms ({source})",
+             "", "| preset | strategy | compression | accum | all-reduce s | exposed s | step s | samples/s | "
+             "x ddp | MB sent/rank/step | AUROC cost |", "|" + "---|" * 11]
+    for r in sorted(rows, key=lambda r: -r["samples_s"]):
+        lines.append(f"| {r['preset']} | {r['strategy']} | {r['compression']} | {r['accumulation']} | "
+                     f"{r['comm_s']:.3f} | {r['exposed_s']:.3f} | {r['step_s']:.3f} | {r['samples_s']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['sent_bytes'] / 1e6:.2f} | {r['auroc_loss']:.3f} |")
+    lossy = [r for r in rows if r["auroc_loss"] > budget]
+    lines += ["", f"Recommended (fastest within quality_budget={budget} macro-AUROC): `{command}`"]
+    if lossy:
+        lines.append(f"Left out for quality: {', '.join(r['preset'] for r in lossy)} (measured losses in "
+                     "docs/results/compression-quality.md, on the small CNN task; they vary with model and optimizer)")
+    return "\n".join(lines) + "\n"
+
+
+def with_bandwidth(cl, gbit: float):
+    return dataclasses.replace(cl, inter=dataclasses.replace(cl.inter, beta_s_per_byte=8 / (gbit * 1e9)))
+
+
+def plot(cl, step_s: dict, path: Path) -> None:
+    """Predicted step time of the main presets (`step_s`: name -> seconds on a cluster) against the bandwidth of
+    a node's link (alpha kept)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, step in sorted(step_s.items()):
+        ax.plot(BANDWIDTHS_GBIT, [step(with_bandwidth(cl, g)) for g in BANDWIDTHS_GBIT], marker="o", label=name)
+    ax.axvline(8 / cl.inter.beta_s_per_byte / 1e9, color="grey", linestyle=":", label=f"{cl.name}'s link")
+    ax.set(xscale="log", yscale="log", xlabel="inter-node bandwidth per node (Gbit/s)", ylabel="step time (s)",
+           title=f"predicted (cost model): {cl.nodes} x {cl.ranks_per_node} ranks")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
