@@ -173,38 +173,67 @@ class Recorder:
         return steady, sum(iv["last"] - iv["first"] + 1 for iv in usable if iv not in steady)
 
     def summary(self, memory: dict) -> dict:
-        cfg, env, meta = self.cfg, self.env, self.meta
+        """summary.json (W&B gets the same): its sections in order, each from one part below. What readers rely on
+        (ringexp.compare's COMPLETED) and the keys of a real run's summary (tests/test_records.py) stay fixed."""
         steady, warmup = self.steady()
-        times = [iv["step_s"] for iv in steady]
-        # medians of the logged steps' own time and its parts (the parts are relative to it, not to the means)
-        parts = {name: [iv["parts"][name] for iv in steady if iv["parts"][name] is not None] for name in timing.PARTS}
-        time_split = {"step_s": median([iv["own"] for iv in steady])} | {k: median(v) for k, v in parts.items()}
-        final = self.evals[-1] if self.evals else {}
-        best = max(self.evals, key=lambda e: e["auroc_macro"]) if self.evals else {}
-        return {
-            "status": "completed", "run_dir": str(self.run_dir),
-            "name": meta["name"], "group": meta["group"], "job_type": meta["job_type"],
-            "strategy": str(cfg.parallel.strategy), "choices": meta["choices"], "overrides": meta["overrides"],
-            "world_size": env.world_size, "device": str(env.device), "backend": env.backend, **rdist.topology(env),
-            # the backend's variables in force in the workers (ringexp.backend), and where each came from
-            "backend_env": meta.get("backend_env"),
-            "steps": cfg.steps, "global_batch_size": self.global_batch, "accumulation_steps": cfg.accumulation.steps,
-            # Median and spread of global samples/s over the steady intervals between rows (warm-up steps left out).
-            "throughput": spread([self.global_batch / t for t in times])
-            | {"warmup_steps_excluded": warmup},
-            "step_time_s": spread(times),
-            "loss": {"first": self.history[0] if self.history else None,
-                     "last": self.history[-1] if self.history else None},
-            "final": {k: final.get(k) for k in METRIC_KEYS} | {"step": final.get("step")},
-            "best": {k: best.get(k) for k in METRIC_KEYS} | {"step": best.get("step")},
-            "val_samples": final.get("samples"),
-            # medians over the steady steps; ringexp.timing says how each part is measured
-            "time": time_split | {"verdict": timing.verdict(time_split, self.strategy.tips(cfg))},
-            "peak_memory_bytes": memory["peak_bytes"], "memory": memory,
-            "grad_bytes": self.grad_bytes, "wire_bytes_per_rank_per_step": self.wire,
-            "wire_bytes_basis": self.strategy.wire_note(),
-            # wire bytes / those of a float32 ring all-reduce of the same gradients (1.0 uncompressed on a ring)
-            "compression": {"name": cfg.compression.name, "ratio_vs_fp32_allreduce": self.wire_ratio},
-            "wall_time_s": self.elapsed0 + time.perf_counter() - self.t_start,
-            "versions": versions(),
-        }
+        return (self.identity() | self.placement() | self.workload() | speed(steady, warmup, self.global_batch)
+                | outcome(self.history, self.evals)
+                # medians over the steady steps; ringexp.timing says how each part is measured
+                | {"time": time_split(steady, self.strategy.tips(self.cfg))}
+                | {"peak_memory_bytes": memory["peak_bytes"], "memory": memory} | self.wire_section()
+                | {"wall_time_s": self.elapsed0 + time.perf_counter() - self.t_start, "versions": versions()})
+
+    def identity(self) -> dict:
+        """Which run: its directory, its W&B name, group and job type, its strategy and the command's choices."""
+        meta = self.meta
+        return {"status": "completed", "run_dir": str(self.run_dir), "name": meta["name"], "group": meta["group"],
+                "job_type": meta["job_type"], "strategy": str(self.cfg.parallel.strategy), "choices": meta["choices"],
+                "overrides": meta["overrides"]}
+
+    def placement(self) -> dict:
+        """Where it ran: ranks, device, backend, nodes and link, and the backend's variables in force in the workers
+        (ringexp.backend) with where each came from."""
+        env = self.env
+        return {"world_size": env.world_size, "device": str(env.device), "backend": env.backend,
+                **rdist.topology(env), "backend_env": self.meta.get("backend_env")}
+
+    def workload(self) -> dict:
+        cfg = self.cfg
+        return {"steps": cfg.steps, "global_batch_size": self.global_batch,
+                "accumulation_steps": cfg.accumulation.steps}
+
+    def wire_section(self) -> dict:
+        """Bytes per step: the gradients', what one rank sends and what that counts, and the compression's ratio:
+        wire bytes / those of a float32 ring all-reduce of the same gradients (1.0 uncompressed on a ring)."""
+        return {"grad_bytes": self.grad_bytes, "wire_bytes_per_rank_per_step": self.wire,
+                "wire_bytes_basis": self.strategy.wire_note(),
+                "compression": {"name": self.cfg.compression.name, "ratio_vs_fp32_allreduce": self.wire_ratio}}
+
+
+def speed(steady: list, warmup: int, global_batch: int) -> dict:
+    """Median and spread of global samples/s and of step time over the steady intervals between rows (`warmup`
+    steps left out)."""
+    times = [iv["step_s"] for iv in steady]
+    return {"throughput": spread([global_batch / t for t in times]) | {"warmup_steps_excluded": warmup},
+            "step_time_s": spread(times)}
+
+
+def outcome(history: list, evals: list) -> dict:
+    """The training loss's first and last logged values; the last and the best (by macro-AUROC) evaluation, each
+    metric None before any."""
+    final = evals[-1] if evals else {}
+    best = max(evals, key=lambda e: e["auroc_macro"]) if evals else {}
+    return {"loss": {"first": history[0] if history else None, "last": history[-1] if history else None},
+            "final": evaluated(final), "best": evaluated(best), "val_samples": final.get("samples")}
+
+
+def evaluated(e: dict) -> dict:
+    return {k: e.get(k) for k in METRIC_KEYS} | {"step": e.get("step")}
+
+
+def time_split(steady: list, tips: str) -> dict:
+    """Medians of the logged steps' own time and of its parts (the parts are relative to it, not to the means),
+    with the verdict on them; a part a step could not measure (None) is left out of its median."""
+    parts = {name: [iv["parts"][name] for iv in steady if iv["parts"][name] is not None] for name in timing.PARTS}
+    split = {"step_s": median([iv["own"] for iv in steady])} | {k: median(v) for k, v in parts.items()}
+    return split | {"verdict": timing.verdict(split, tips)}

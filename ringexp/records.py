@@ -3,6 +3,8 @@
     summary.json     the run's outcome: the full summary, or {"status": "failed", "error": ...}
     metrics.jsonl    one JSON row per logged step (ringexp.sinks.JsonlSink appends them)
     checkpoints/     tensors written durably (fsync) and read with torch.load(weights_only=True)
+    bench.json       ringexp.bench's rows (read back by ringexp.plan accuracy and scripts/gpu_check.py)
+    trace_rank<r>.json  a profiler trace (profile.enabled=true)
 
 `read_rows` is the one reader of metrics.jsonl (compare, resume and tests use it): a line cut short by a killed
 run is dropped, never fatal. Every file ringexp reads back (records, checkpoints' meta, YAML, CSV) goes through
@@ -23,9 +25,10 @@ import torch
 
 from ringexp.errors import RunDirTaken
 
-METRICS, SUMMARY = "metrics.jsonl", "summary.json"
+METRICS, SUMMARY, BENCH = "metrics.jsonl", "summary.json", "bench.json"
 SMALL = 16 << 20  # the most a JSON or YAML file ringexp reads may hold (summaries, meta.json, configs: kilobytes)
 ROWS = 2 << 30  # the most a metrics.jsonl may hold (a row is under 1 KB: millions of logged steps)
+TRACE = 1 << 30  # the most a profiler trace may hold (a few steps: megabytes; with every CUDA kernel, hundreds)
 
 
 def open_regular(path, follow: bool = False):
@@ -105,14 +108,31 @@ def read_summary(run_dir):
 
 
 def write_summary(run_dir, summary: dict) -> None:
-    """summary.json, replaced atomically: a reader sees the old one or the new one, never half of either."""
-    tmp = Path(run_dir) / f"{SUMMARY}.tmp"
+    """summary.json, replaced atomically (write_json)."""
+    write_json(Path(run_dir) / SUMMARY, summary)
+
+
+def write_json(path, value) -> None:
+    """A JSON file, replaced atomically: a reader sees the old one or the new one, never half of either."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        tmp.write_text(json.dumps(value, indent=2) + "\n")
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, Path(run_dir) / SUMMARY)
+    os.replace(tmp, path)
+
+
+def read_bench(path):
+    """A bench.json of ringexp.bench, as parsed (any JSON value: callers check its rows, as ringexp.plan's
+    bench_rows does); OSError or ValueError. `path` is the file, which may be a symlink: users name these."""
+    return parse_json(read_bytes(path, SMALL, follow=True))
+
+
+def read_trace(path):
+    """A profiler trace (Chrome trace JSON: {"traceEvents": [...], ...}), as parsed; OSError or ValueError."""
+    return read_json(path, TRACE)
 
 
 def mark_failed(run_dir, error: str, status: str = "failed") -> None:

@@ -9,15 +9,18 @@ the end of the next, data loading included), averaged over the intervals of `log
 ringexp's rows, the median over the steady intervals (after the warm-up steps) compared. Sharing processes
 removes the noise of process placement, which on a shared 2-core machine is larger than the difference measured.
 
-    python scripts/bench_overhead.py [--steps 100] [--rounds 10] [override ...]
+    python scripts/bench_overhead.py [--steps 100] [--rounds 10] [--json PATH] [override ...]
 
 With `--vs "OVERRIDES"` the baseline is ringexp itself and the candidate ringexp with those overrides
 added, e.g. `--vs "+parallel=ring"`: the hand-written ring's hook against DDP's builtin all-reduce.
+With `--json PATH` the figures printed are also written to PATH (`result` lists them; scripts/gpu_check.py
+reads them back through ringexp.records).
 """
 
 import argparse
 import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,17 +28,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ringexp import dist as rdist
+from ringexp import records
 from ringexp.data import build_datasets
+from ringexp.errors import ConfigError, one_line, print_error
 from ringexp.launch import elastic
 from ringexp.models import build_model
 from ringexp.trainer import Trainer
 from ringexp.validate import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
+TARGET = 0.97  # the throughput ratio ringexp / plain loop it should reach (printed, and in --json)
 
 
 def plain_ddp_loop(cfg, steps: int, device: torch.device) -> list:
@@ -104,17 +112,47 @@ def bench_worker(base, cand, rounds: int, warmup: int, out: str):
     return results
 
 
+def result(names: tuple, results: list, args, cfg) -> dict:
+    """What the run measured, for --json: each side's median step time over the rounds and each round's (seconds
+    per step, each the median over its steady intervals), and the throughput ratio candidate / baseline."""
+    ratios = [pair["base"] / pair["cand"] for pair in results]
+    n = cfg.launcher.nproc_per_node
+    return {"baseline": names[0], "candidate": names[1], "model": cfg.model.name, "workers": n,
+            "global_batch_size": cfg.data.batch_size * cfg.accumulation.steps * n,
+            "steps": args.steps, "warmup": args.warmup, "log_every": cfg.logger.log_every, "vs": args.vs,
+            "overrides": args.overrides, "target": TARGET,
+            "ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+            "step_s": {"baseline": statistics.median(p["base"] for p in results),
+                       "candidate": statistics.median(p["cand"] for p in results)},
+            "rounds": [{"baseline_step_s": p["base"], "candidate_step_s": p["cand"], "ratio": r}
+                       for p, r in zip(results, ratios, strict=True)]}
+
+
+def configs(args) -> tuple:
+    """(baseline, candidate) TrainConfigs; bad input (an override, --vs, a --json path that cannot be written) is
+    ringexp's one line and exit code 2, before any minute is spent measuring."""
+    common = [f"steps={args.steps}", f"throughput_warmup={args.warmup}", *args.overrides]
+    try:
+        base = compose_config(common)
+        cand = compose_config(common + shlex.split(args.vs)) if args.vs else base
+        if args.json and (e := records.cannot_write(Path(args.json).resolve().parent)):
+            raise ConfigError(f"--json {args.json}: cannot write there ({e.strerror or e})")
+    except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as e:
+        print_error(one_line(str(e)))
+        sys.exit(2)
+    return base, cand
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of each median")
     ap.add_argument("--vs", default=None, help="compare ringexp with these overrides added, not the plain loop")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the figures to this JSON file")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides applied to both (e.g. model.width=32)")
     args = ap.parse_args()
-    common = [f"steps={args.steps}", f"throughput_warmup={args.warmup}", *args.overrides]
-    base = compose_config(common)
-    cand = compose_config(common + shlex.split(args.vs)) if args.vs else base
+    base, cand = configs(args)
     names = ("ringexp", f"ringexp {args.vs}") if args.vs else ("plain DDP", "ringexp")
     nproc = cand.launcher.nproc_per_node
     print(f"model={cand.model.name} batch={cand.data.batch_size}/rank workers={nproc} steps={args.steps} "
@@ -129,7 +167,10 @@ def main() -> None:
         print(f"round {r + 1}: {names[0]} {1000 * b:7.1f} ms/step   {names[1]} {1000 * o:7.1f} ms/step   "
               f"throughput ratio = {b / o:.3f}")
     print(f"{names[1]} / {names[0]} throughput (median of {len(ratios)} rounds): {statistics.median(ratios):.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target >= 0.97")
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}); target >= {TARGET}")
+    if args.json:
+        records.write_json(args.json, result(names, results, args, cand))
+
 
 if __name__ == "__main__":
     main()

@@ -12,13 +12,7 @@ out="${1:-outputs/gpu-check}"
 start=$(date +%s)
 if python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
   py=python3
-  missing=$(python3 - <<'PYEOF'
-import importlib.util
-need = {"hydra": "hydra-core", "omegaconf": "omegaconf", "timm": "timm", "torchmetrics": "torchmetrics",
-        "pytest": "pytest", "matplotlib": "matplotlib"}
-print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
-PYEOF
-)
+  missing=$(python3 scripts/missing_packages.py)
   if [ -n "$missing" ]; then
     if compgen -G ".whl/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ringexp-site .whl/*.whl
