@@ -9,6 +9,12 @@ Failed runs are listed with their error; a run whose records cannot be used (a f
 FIFO, a symlink, a summary lacking or mistyping what the table reads) as unreadable, with the file and why, and
 the other runs are reported as before. Every sweep of `ringexp.train -m` ends with this report written
 into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
+
+`--groups` adds one row per seed group: the completed runs whose overrides are the same but for `seed=` (a run
+without one has the schema's default seed), with the mean and sample standard deviation over the group's runs and
+the speed-up of its mean throughput against the group holding the baseline row (groups.md, groups.csv).
+`--fastest CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with
+the highest mean throughput, for a shell script to use; it writes nothing.
 """
 
 import argparse
@@ -16,19 +22,23 @@ import csv
 import io
 import json
 import os
+import statistics
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import backend, compress, costmodel, records
+from ringexp import backend, compress, parallel, records
 from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml, yaml_text
 from ringexp.errors import ConfigError, print_error, print_warning
 from ringexp.models import build_model
+from ringexp.plotting import pyplot
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
+GROUP_OUTPUTS = ("groups.md", "groups.csv")  # with --groups
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute ms", "exposed comm ms",
         "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
 PREDICTED = ["predicted comm ms", "predicted step ms", "step error"]  # runs on a calibrated cluster only
@@ -214,7 +224,7 @@ def labels(runs) -> list:
             for r, ov in zip(runs, over, strict=True)]
 
 
-def table(runs, baseline: str | None = None):
+def table(runs, baseline: str | None = None, clusters=()):
     """(rows for completed runs, [(label, error)] for the others, index of the baseline row)."""
     done, failed = [], []
     for run, label in zip(runs, labels(runs), strict=True):
@@ -225,11 +235,9 @@ def table(runs, baseline: str | None = None):
             failed.append((label or run["dir"], s.get("error") or s.get("status") or "unknown"))
     if not done:
         return [], failed, None
-    base = next((i for i, (label, _) in enumerate(done) if baseline and baseline in label), None)
-    if base is None:
-        base = next((i for i, (_, r) in enumerate(done) if r["summary"].get("job_type") == "ddp"), 0)
+    base = baseline_index(done, baseline)
     base_tp = done[base][1]["summary"]["throughput"].get("median")
-    rows, clusters = [], calibrations()
+    rows, clusters = [], calibrations(clusters)
     for label, run in done:
         s = run["summary"]
         tp, t, m = s["throughput"], s.get("time", {}), s.get("memory", {})
@@ -250,19 +258,31 @@ def table(runs, baseline: str | None = None):
     return rows, failed, base
 
 
+def baseline_index(done, baseline: str | None) -> int:
+    """The speed-up baseline among completed (label, run) pairs: the first whose label contains `baseline`, else
+    the first ddp run, else the first."""
+    base = next((i for i, (label, _) in enumerate(done) if baseline and baseline in label), None)
+    if base is None:
+        base = next((i for i, (_, r) in enumerate(done) if r["summary"].get("job_type") == "ddp"), 0)
+    return base
+
+
 def backend_env(summary) -> str:
     """The backend's variables a run had in force (ringexp.backend), as KEY=value ..."""
     return " ".join(f"{k}={v}" for k, v in backend.chosen(summary.get("backend_env")).items()) or "-"
 
 
-def calibrations() -> dict:
-    """{(nodes, ranks per node, link): ClusterConfig} of the readable conf/cluster/ files: where runs may have
-    run (a run records the same three in its summary)."""
+def calibrations(given=()) -> dict:
+    """{(nodes, ranks per node, link): ClusterConfig} of the cluster files `given` (--cluster: ValueError if one
+    cannot be read) and the readable conf/cluster/ files, the given ones first: where runs may have run (a run
+    records the same three in its summary)."""
     out = {}
-    for path in sorted(Path(CONF_DIR, "cluster").glob("*.yaml")):
+    for path in [*map(Path, given), *sorted(Path(CONF_DIR, "cluster").glob("*.yaml"))]:
         try:
             cl = load_yaml(ClusterConfig, path, records.read_bytes(path, YAML_LIMIT, follow=True))
-        except (OmegaConfBaseException, ConfigError, OSError):
+        except (OmegaConfBaseException, ConfigError, OSError) as e:
+            if str(path) in map(str, given):
+                raise ValueError(f"--cluster {path}: {getattr(e, 'strerror', None) or e}") from None
             continue
         out.setdefault((cl.nodes, cl.ranks_per_node, cl.link), cl)
     return out
@@ -280,13 +300,13 @@ def predicted(run: dict, clusters: dict) -> dict:
     try:
         cfg = load_yaml(TrainConfig, cfg_file, records.read_bytes(cfg_file, YAML_LIMIT))
         shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters() if p.requires_grad]
-        micro = cfg.accumulation.steps
-        fb = t["compute_s"] / micro
+        fb = t["compute_s"] / cfg.accumulation.steps
+        compute = {"forward_s": (1 - BACKWARD_SHARE) * fb, "backward_s": BACKWARD_SHARE * fb,
+                   "optimizer_s": t.get("optimizer_s") or 0.0}
         # a CPU cluster is this kind of machine: PowerSGD's arithmetic is measured here for the run's shapes
-        psgd = (compress.powersgd.arithmetic_s(shapes, cfg.compression) * cl.compute_slowdown
-                if cfg.compression.name == "powersgd" and cl.backend == "gloo" else None)
-        got = costmodel.predict_step(cl, cfg, shapes, (1 - BACKWARD_SHARE) * fb, BACKWARD_SHARE * fb,
-                                     t.get("optimizer_s") or 0.0, psgd)
+        if cfg.compression.name == "powersgd" and cl.backend == "gloo":
+            cl = compress.powersgd.measured(cl, cfg.compression, shapes)
+        got = parallel.step_cost(cl, cfg, shapes, compute)
     except (OmegaConfBaseException, ConfigError, ValueError, OSError):
         return {}
     step = got["step_s"] + (t.get("data_s") or 0.0) + (t.get("other_s") or 0.0)
@@ -305,6 +325,8 @@ def fmt(key: str, value) -> str:
         return f"{value:.0%}"
     if key == "step error":
         return f"{value:+.0%}"
+    if key == "AUROC vs baseline":
+        return f"{value:+.3f}"
     if key == "speed-up":
         return f"{value:.2f}x"
     if key.endswith("AUROC") or key.endswith("F1"):
@@ -339,12 +361,17 @@ def text(rows, failed, base) -> str:
     head = columns(rows)
     cells = [head] + [[fmt(k, r.get(k)) + ("*" if k == "run" and i == base else "") for k in head]
                       for i, r in enumerate(rows)]
-    widths = [max(len(c[j]) for c in cells) for j in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True)))
-             for row in cells]
+    lines = aligned(cells)
     lines.append("* baseline of the speed-up column")
     lines += [f"FAILED {label}: {error.splitlines()[0] if error else ''}" for label, error in failed]
     return "\n".join(lines) + "\n"
+
+
+def aligned(cells) -> list:
+    """Rows of cells as lines of columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(c[j]) for c in cells) for j in range(len(cells[0]))]
+    return ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True)))
+            for row in cells]
 
 
 def write_csv(rows, failed, path: Path) -> None:
@@ -357,12 +384,133 @@ def write_csv(rows, failed, path: Path) -> None:
     path.write_text(buf.getvalue())
 
 
+# What a seed group averages: its column, and where a completed run's summary holds it (checked by COMPLETED).
+GROUP_METRICS = {"samples/s": "throughput.median", "final AUROC": "final.auroc_macro",
+                 "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro"}
+GROUP_HEAD = ["group", "seeds", "seed values", "samples/s", "speed-up", "final AUROC", "AUROC vs baseline",
+              "best AUROC", "final F1"]
+GROUP_CSV = ["group", "seeds", "seed values", "samples/s", "samples/s sd", "speed-up", "final AUROC",
+             "final AUROC sd", "AUROC vs baseline", "best AUROC", "best AUROC sd", "final F1", "final F1 sd"]
+SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); speed-up and "
+          "AUROC vs baseline compare the means")
+DEFAULT_SEED = str(next(f.default for f in fields(TrainConfig) if f.name == "seed"))  # a run without seed=
+
+
+@dataclass(frozen=True)
+class Group:
+    """Completed runs whose configurations differ only in their seed. `label`: the overrides that differ between
+    the groups compared; `overrides`: the group's own (without seed=, name=, hydra.*), in its first run's order;
+    `runs`: load_local's dicts, in path order; `seeds`: each run's seed, as text (its override's value)."""
+
+    label: str
+    overrides: tuple
+    runs: tuple
+    seeds: tuple
+
+    def values(self, column: str) -> list:
+        """The runs' numbers of a GROUP_METRICS column; a run that did not record it (no evaluation) left out."""
+        outer, inner = GROUP_METRICS[column].split(".")
+        return [v for r in self.runs if (v := r["summary"][outer].get(inner)) is not None]
+
+    def mean(self, column: str):
+        v = self.values(column)
+        return statistics.mean(v) if v else None
+
+    def sd(self, column: str):
+        """The sample standard deviation (n - 1); None for fewer than two values."""
+        v = self.values(column)
+        return statistics.stdev(v) if len(v) > 1 else None
+
+
+def is_seed(override: str) -> bool:
+    """seed=N, also as Hydra's +seed=N or ++seed=N."""
+    return override.lstrip("+").split("=", 1)[0] == "seed"
+
+
+def seed_groups(runs) -> list:
+    """The completed runs as seed groups, in the order of each group's first run. A run's overrides are compared
+    as a set: Hydra records them in command-line order, which two sweeps of one configuration may not share."""
+    by = {}
+    for run in runs:
+        s = run["summary"]
+        if s.get("status") != "completed":
+            continue
+        own = [o for o in s.get("overrides") or [] if not o.startswith(("name=", "hydra."))]
+        seed = next((o.split("=", 1)[1] for o in own if is_seed(o)), DEFAULT_SEED)
+        rest = [o for o in own if not is_seed(o)]
+        by.setdefault(tuple(sorted(rest)), (rest, []))[1].append((run, seed))
+    common = set.intersection(*map(set, by)) if by else set()
+    return [Group(" ".join(o for o in rest if o not in common) or "(all the same)", tuple(rest),
+                  tuple(run for run, _ in members), tuple(seed for _, seed in members))
+            for rest, members in by.values()]
+
+
+def baseline_group(runs, groups, baseline: str | None) -> int | None:
+    """The index of the group holding table()'s baseline row (the same rule: --baseline TEXT, else ddp)."""
+    done = [(label, r) for label, r in zip(labels(runs), runs, strict=True)
+            if r["summary"].get("status") == "completed"]
+    if not done:
+        return None
+    run = done[baseline_index(done, baseline)][1]
+    return next(i for i, g in enumerate(groups) if any(r is run for r in g.runs))
+
+
+def group_rows(groups, base: int | None) -> list:
+    """One row per group: the mean and sample standard deviation of each GROUP_METRICS column, and the speed-up
+    and final macro-AUROC against the baseline group's means."""
+    rows = [{"group": g.label, "seeds": len(g.runs), "seed values": " ".join(g.seeds)}
+            | {k: v for col in GROUP_METRICS for k, v in ((col, g.mean(col)), (f"{col} sd", g.sd(col)))}
+            for g in groups]
+    ref = rows[base] if base is not None else {}
+    for row in rows:
+        tp, ref_tp = row["samples/s"], ref.get("samples/s")
+        auroc, ref_auroc = row["final AUROC"], ref.get("final AUROC")
+        row["speed-up"] = tp / ref_tp if tp is not None and ref_tp else None
+        row["AUROC vs baseline"] = auroc - ref_auroc if None not in (auroc, ref_auroc) else None
+    return rows
+
+
+def group_cell(row: dict, key: str) -> str:
+    sd = row.get(f"{key} sd")
+    return fmt(key, row.get(key)) + ("" if sd is None else f" ± {fmt(key, sd)}")
+
+
+def groups_report(runs, out: Path | None, baseline: str | None) -> str:
+    """Write groups.md and groups.csv into `out` (if given); return the terminal's table of the seed groups."""
+    groups = seed_groups(runs)
+    base = baseline_group(runs, groups, baseline)
+    rows = group_rows(groups, base)
+    if out is not None:
+        md = ["| " + " | ".join(GROUP_HEAD) + " |", "|" + "---|" * len(GROUP_HEAD)]
+        md += ["| " + " | ".join(group_cell(r, k) + (" (baseline)" if k == "group" and i == base else "")
+                                 for k in GROUP_HEAD) + " |" for i, r in enumerate(rows)]
+        (out / "groups.md").write_text("\n".join(md + ["", SPREAD]) + "\n")
+        buf = io.StringIO()
+        csv.writer(buf).writerows([GROUP_CSV] + [[r.get(k) for k in GROUP_CSV] for r in rows])
+        (out / "groups.csv").write_text(buf.getvalue())
+    cells = [GROUP_HEAD] + [[group_cell(r, k) + ("*" if k == "group" and i == base else "") for k in GROUP_HEAD]
+                            for i, r in enumerate(rows)]
+    return "\n".join(aligned(cells) + [f"* baseline of the speed-up column; {SPREAD}"]) + "\n"
+
+
+def fastest(runs, choice: str) -> str:
+    """The value of choice `choice` (summary `choices`) of the seed group with the highest mean throughput (its
+    first run's; the first such group on a tie)."""
+    groups = [g for g in seed_groups(runs) if g.mean("samples/s") is not None]
+    if not groups:
+        raise ValueError("--fastest: no completed run with a throughput among the runs given")
+    best = max(groups, key=lambda g: g.mean("samples/s"))
+    choices = best.runs[0]["summary"].get("choices")
+    value = choices.get(choice) if isinstance(choices, dict) else None
+    if not _text(value):
+        known = ", ".join(sorted(k for k in choices if _text(k))) if isinstance(choices, dict) else "none recorded"
+        raise ValueError(f"--fastest {choice}: the fastest group ({best.label}) has no choice {choice} in its "
+                         f"summary (its choices: {known})")
+    return value
+
+
 def plots(runs, rows, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     done = [r for r in runs if r["summary"].get("status") == "completed"]
     names = [r["run"] for r in rows]
     ticks = range(len(rows))
@@ -409,16 +557,17 @@ def plots(runs, rows, out: Path) -> None:
     plt.close(fig)
 
 
-def report(runs, out: Path | None, baseline: str | None = None) -> str:
-    """Write compare.md, compare.csv and the plots into `out` (if given); return the terminal table."""
-    rows, failed, base = table(runs, baseline)
+def report(runs, out: Path | None, baseline: str | None = None, groups: bool = False, clusters=()) -> str:
+    """Write compare.md, compare.csv and the plots into `out` (if given), with `groups` groups.md and groups.csv
+    too; return the terminal table (then, with `groups`, the seed groups' table)."""
+    rows, failed, base = table(runs, baseline, clusters)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.md").write_text(markdown(rows, failed, base))
         write_csv(rows, failed, out / "compare.csv")
         if rows:
             plots(runs, rows, out)
-    return text(rows, failed, base)
+    return text(rows, failed, base) + ("\nSeed groups:\n" + groups_report(runs, out, baseline) if groups else "")
 
 
 class SweepReport(Callback):
@@ -435,15 +584,32 @@ class SweepReport(Callback):
             print_warning(f"no compare report for {sweep} ({type(e).__name__}: {e})")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors (an unknown flag, a flag without its value) as ringexp's one line, exit 2."""
+
+    def error(self, message):
+        print_error(f"{message} (python -m ringexp.compare --help)")
+        sys.exit(2)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ringexp.compare", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m ringexp.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", help="sweep or run directories")
     ap.add_argument("--baseline", help="the row whose label contains this text is the speed-up baseline")
     ap.add_argument("--out", help="where to write compare.md/.csv and the plots (default: the single PATH)")
     ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read runs from the W&B API instead")
     ap.add_argument("--group", help="with --wandb: the sweep's W&B group")
+    ap.add_argument("--cluster", action="append", default=[], metavar="PATH",
+                    help="a cluster file (ringexp.plan calibrate's) besides conf/cluster/: runs on it get predictions")
+    ap.add_argument("--groups", action="store_true",
+                    help="also one row per seed group (runs differing only in seed=), into groups.md/.csv")
+    ap.add_argument("--fastest", metavar="CHOICE", help="print only the value of choice CHOICE (e.g. parallel) of "
+                    "the seed group with the highest mean throughput; nothing else is printed or written")
     args = ap.parse_args(argv)
     try:
+        if args.fastest is not None and (args.groups or not args.fastest):
+            raise ValueError("--fastest CHOICE names a choice such as parallel, and prints its value alone "
+                             "(without --groups)")
         if args.wandb:
             if not args.group:
                 raise ValueError("--wandb needs --group NAME (the sweep's group)")
@@ -454,13 +620,20 @@ def main(argv=None) -> int:
             runs = load_local(args.paths)
         if not runs:
             raise ValueError(f"no runs (summary.json) under {' '.join(args.paths) or args.group}")
+        if args.fastest is not None:
+            print(fastest(runs, args.fastest))
+            return 0
     except (ValueError, FileNotFoundError) as e:
         print_error(str(e))
         return 2
     out = Path(args.out) if args.out else (Path(args.paths[0]) if len(args.paths) == 1 else None)
-    print(report(runs, out, args.baseline), end="")
+    try:
+        print(report(runs, out, args.baseline, args.groups, args.cluster), end="")
+    except ValueError as e:  # a --cluster file that cannot be read: before anything is written
+        print_error(str(e))
+        return 2
     if out is not None:
-        print(f"ringexp: wrote {', '.join(OUTPUTS)} in {out}")
+        print(f"ringexp: wrote {', '.join(OUTPUTS + (GROUP_OUTPUTS if args.groups else ()))} in {out}")
     return 0
 
 

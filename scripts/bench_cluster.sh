@@ -6,6 +6,8 @@
 # to node 0), and each codec's speed on one core (ringexp.bench codec=true). Needs root (the cluster).
 #   scripts/bench_cluster.sh [ITERS] [EXTRA BENCH OVERRIDES...]      (ITERS rounds, median kept; default 5)
 # Output: outputs/bench-cluster/<topology>/bench.{csv,json} and the printed tables; leaves the cluster down.
+# (Hydra's list values quoted: unquoted, [..] is a glob that a file of a matching name in the working directory
+# would replace.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh" >/dev/null
@@ -13,7 +15,7 @@ iters="${1:-5}"
 [ $# -gt 0 ] && shift
 cluster="$root/scripts/cluster_local.sh"
 trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
-python -m ringexp.bench codec=true sizes=[67108864] compressors=[fp16,bf16,int8,topk] iters=7 logger=none \
+python -m ringexp.bench codec=true "sizes=[67108864]" "compressors=[fp16,bf16,int8,topk]" iters=7 logger=none \
   "hydra.run.dir=$root/outputs/bench-cluster/codecs"
 for topo in "2 2 1gbit" "2 2 250mbit" "4 1 1gbit"; do
   read -r nodes per rate <<<"$topo"
@@ -21,7 +23,7 @@ for topo in "2 2 1gbit" "2 2 250mbit" "4 1 1gbit"; do
   "$cluster" run 0 -- python "$root/scripts/link_speed.py" receive 5201 &
   "$cluster" run 1 -- python "$root/scripts/link_speed.py" send 198.18.0.10 5201 "$([ "$rate" = 1gbit ] && echo 128 || echo 32)"
   echo -n "link node 1 -> node 0 at $rate: " && wait
-  "$cluster" torchrun --nproc-per-node "$per" -- -m ringexp.bench sizes=[67108864] "iters=$iters" warmup=1 \
-    min_time_s=0 compressors=[none,fp16,bf16,int8,int8:inter,topk] logger=none \
+  "$cluster" torchrun --nproc-per-node "$per" -- -m ringexp.bench "sizes=[67108864]" "iters=$iters" warmup=1 \
+    min_time_s=0 "compressors=[none,fp16,bf16,int8,int8:inter,topk]" logger=none \
     "hydra.run.dir=$root/outputs/bench-cluster/${nodes}x${per}-$rate" "$@"
 done

@@ -5,10 +5,13 @@
 #   scripts/cluster_local.sh up [--nodes N] [--rate RATE] [--slurm]
 #                                                            N from 2 to 4 (2); RATE a tc rate (1gbit, 250mbit)
 #                                                            or none (1gbit); --slurm: also a Slurm across the
-#                                                            nodes (partition "cluster"; export the SLURM_CONF
-#                                                            that up prints for sbatch, srun and hydra)
+#                                                            nodes (partition "cluster"; for sbatch, srun and
+#                                                            hydra, eval "$(scripts/cluster_local.sh env)")
 #   scripts/cluster_local.sh status                          nodes, addresses, shaping; exit 1 when not up
 #   scripts/cluster_local.sh down                            removes what up made, and nothing else
+#   scripts/cluster_local.sh env                             the exports a shell needs to use the cluster
+#                                                            (RINGEXP_CLUSTER_DIR, SLURM_CONF of up --slurm's
+#                                                            Slurm): eval "$(scripts/cluster_local.sh env)"
 #   scripts/cluster_local.sh run NODE -- CMD...              CMD inside node NODE (0..N-1), with
 #                                                            GLOO_SOCKET_IFNAME, RINGEXP_CLUSTER_NODE and
 #                                                            RINGEXP_CLUSTER_LINK (the rate) set
@@ -18,12 +21,14 @@
 #                                                            exit code: the first node's that failed
 # Addresses come from 198.18.0.0/24 (RFC 2544's benchmarking block) only: the bridge is 198.18.0.1, node i is
 # 198.18.0.(10+i), named ringexp-node<i> in /etc/hosts (lines marked "# ringexp-cluster"). State lives in
-# $RINGEXP_CLUSTER_DIR (default /tmp/ringexp-cluster). Facts behind the settings: ../shared/DESIGN.md.
+# $RINGEXP_CLUSTER_DIR (default: ringexp-cluster in ${TMPDIR:-/tmp}; give env, status and down the same one as up,
+# and note that sudo passes neither variable on). Why each setting: docs/cluster.md ("Facts behind the settings").
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/slurm_local.sh
 source "$here/slurm_local.sh"  # installing Slurm and munge, and the settings both Slurm clusters share
-dir="${RINGEXP_CLUSTER_DIR:-/tmp/ringexp-cluster}"
+# the one place the default is written: every other caller asks `env` (a shell, tests, slurm_local.sh)
+dir="${RINGEXP_CLUSTER_DIR:-${TMPDIR:-/tmp}/ringexp-cluster}"
 bridge=rxbr0
 mark="# ringexp-cluster"
 
@@ -81,7 +86,14 @@ up() {
   echo "$nodes $rate $slurm" >"$dir/nodes"
   [ -z "$slurm" ] || slurm_up "$nodes" "$rate"
   echo "cluster_local: up ($nodes nodes at $rate per node link: $(for i in $(seq 0 $((nodes - 1))); do printf '%s=%s ' "$(ns "$i")" "$(addr "$i")"; done))"
-  [ -z "$slurm" ] || echo "cluster_local: Slurm partition cluster; export SLURM_CONF=$dir/slurm/slurm.conf"
+  [ -z "$slurm" ] || echo "cluster_local: Slurm partition cluster; eval \"\$($0 env)\" exports SLURM_CONF=$dir/slurm/slurm.conf"
+}
+
+exports() {  # env: what a shell needs to reach this cluster, as lines for eval (quoted: a path may hold spaces)
+  local abs
+  abs="$(realpath -m -- "$dir")"  # absolute: the shell that evals it may be elsewhere
+  printf 'export RINGEXP_CLUSTER_DIR=%q\n' "$abs"
+  printf 'export SLURM_CONF=%q\n' "$abs/slurm/slurm.conf"  # where up --slurm writes its config
 }
 
 slurm_up() {  # slurmctld in the root namespace on the bridge address, one slurmd inside each node
@@ -94,11 +106,12 @@ slurm_up() {  # slurmctld in the root namespace on the bridge address, one slurm
   [ "$nodes" -gt 1 ] && names="ringexp-node[0-$((nodes - 1))]"
   # Every task of every job learns its node's interface for gloo (the namespaces share one host name) and the
   # link it is on, as a site's TaskProlog would set them on a real cluster.
-  printf '#!/bin/sh\necho export GLOO_SOCKET_IFNAME=eth0\necho export RINGEXP_CLUSTER_LINK=%s\n' "$rate" >"$s/task_prolog.sh"
-  echo 'echo export RINGEXP_CLUSTER_NODE=${SLURMD_NODENAME#ringexp-node}' >>"$s/task_prolog.sh"
-  # every node is this one machine: a thread each for the step's tasks on all nodes (as torchrun_all below)
-  echo 'n=$(( $(getconf _NPROCESSORS_ONLN) / ${SLURM_STEP_NUM_TASKS:-1} ))' >>"$s/task_prolog.sh"
-  echo '[ -n "$OMP_NUM_THREADS" ] || echo export OMP_NUM_THREADS=$(( n > 1 ? n : 1 ))' >>"$s/task_prolog.sh"
+  # shellcheck disable=SC2016  # the prolog's own $... are written as they are, for the prolog to expand
+  { printf '#!/bin/sh\necho export GLOO_SOCKET_IFNAME=eth0\necho export RINGEXP_CLUSTER_LINK=%s\n' "$rate"
+    echo 'echo export RINGEXP_CLUSTER_NODE=${SLURMD_NODENAME#ringexp-node}'
+    # every node is this one machine: a thread each for the step's tasks on all nodes (as torchrun_all below)
+    echo 'n=$(( $(getconf _NPROCESSORS_ONLN) / ${SLURM_STEP_NUM_TASKS:-1} ))'
+    echo '[ -n "$OMP_NUM_THREADS" ] || echo export OMP_NUM_THREADS=$(( n > 1 ? n : 1 ))'; } >"$s/task_prolog.sh"
   chmod +x "$s/task_prolog.sh"
   { slurm_conf "$s" "$(hostname -s)(198.18.0.1)"
     echo "TaskProlog=$s/task_prolog.sh"
@@ -165,7 +178,7 @@ run() {  # run NODE -- CMD...
   [ "${1:-}" = "--" ] && shift
   [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
   read -r nodes rate _ <"$dir/nodes"
-  [[ "$node" =~ ^[0-9]+$ ]] && [ "$node" -lt "$nodes" ] || fail "node $node: give 0..$((nodes - 1))" 2
+  { [[ "$node" =~ ^[0-9]+$ ]] && [ "$node" -lt "$nodes" ]; } || fail "node $node: give 0..$((nodes - 1))" 2
   # nsenter, not `ip netns exec`: that remounts /sys, which Slurm's daemons then cannot use
   exec nsenter --net="/var/run/netns/$(ns "$node")" env GLOO_SOCKET_IFNAME=eth0 RINGEXP_CLUSTER_NODE="$node" \
     RINGEXP_CLUSTER_LINK="$rate" "$@"
@@ -201,7 +214,8 @@ case "$cmd" in
   up) up "$@" ;;
   down) down ;;
   status) status ;;
+  env) exports ;;
   run) [ $# -ge 1 ] || fail "usage: run NODE -- CMD..." 2; run "$@" ;;
   torchrun) torchrun_all "$@" ;;
-  *) echo "usage: scripts/cluster_local.sh up [--nodes N] [--rate RATE] [--slurm] | status | down | run NODE -- CMD | torchrun [--nproc-per-node K] -- ARGS" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster_local.sh up [--nodes N] [--rate RATE] [--slurm] | status | down | env | run NODE -- CMD | torchrun [--nproc-per-node K] -- ARGS" >&2; exit 2 ;;
 esac

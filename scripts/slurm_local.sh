@@ -4,7 +4,9 @@
 #                                   slurmctld and slurmd on localhost, wait until the node is idle
 #   scripts/slurm_local.sh down     stop them
 #   scripts/slurm_local.sh status   sinfo, or exit 1 when the cluster is not up
-# State lives in $RINGEXP_SLURM_DIR (default /tmp/ringexp-slurm). Facts behind the settings: ../shared/DESIGN.md.
+#   scripts/slurm_local.sh env      the exports a shell needs to use it: eval "$(scripts/slurm_local.sh env)"
+# State lives in $RINGEXP_SLURM_DIR (default: ringexp-slurm in ${TMPDIR:-/tmp}; give env, status and down the
+# same one as up). Why each setting: docs/cluster.md ("Facts behind the settings").
 set -euo pipefail
 
 # The functions up to the guard below are shared with scripts/cluster_local.sh --slurm, which sources
@@ -104,7 +106,9 @@ wait_idle() {  # wait_idle N: until N nodes answer (30 s at most)
 
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0  # sourced: the functions only
 
-dir="${RINGEXP_SLURM_DIR:-/tmp/ringexp-slurm}"
+# the one place the default is written: every other caller asks `env` (tests, scripts/fault_trials.py's tests)
+dir="${RINGEXP_SLURM_DIR:-${TMPDIR:-/tmp}/ringexp-slurm}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 conf="$dir/slurm.conf"
 host="$(hostname -s)"
 export SLURM_CONF="$conf"
@@ -112,10 +116,12 @@ export SLURM_CONF="$conf"
 up() {
   mkdir -p "$dir"
   install_slurm "$dir/apt.log"
-  if sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then echo "slurm_local: already up"; return; fi
-  if [ -f "${RINGEXP_CLUSTER_DIR:-/tmp/ringexp-cluster}/slurm/slurm.conf" ]; then
+  # First: the cluster's slurmctld answers on every address, so sinfo below would take it for this one's.
+  # (In a subshell: the cluster's SLURM_CONF must not replace this one's.)
+  if (eval "$("$here/cluster_local.sh" env)" && [ -f "$SLURM_CONF" ]); then
     echo "slurm_local: the local cluster's Slurm is up (scripts/cluster_local.sh down first)" >&2; exit 1
   fi
+  if sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; then echo "slurm_local: already up"; return; fi
   { slurm_conf "$dir" "$host"
     echo "NodeName=$host CPUs=$(nproc) RealMemory=$(memory_mb 1) State=UNKNOWN"
     echo "PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"; } >"$conf"
@@ -158,9 +164,17 @@ status() {
   sinfo 2>/dev/null && sinfo -h -o %T | grep -qE '^(idle|mixed|allocated)'
 }
 
+exports() {  # env: lines for eval (quoted: a path may hold spaces; absolute: the shell may be elsewhere)
+  local abs
+  abs="$(realpath -m -- "$dir")"
+  printf 'export RINGEXP_SLURM_DIR=%q\n' "$abs"
+  printf 'export SLURM_CONF=%q\n' "$abs/slurm.conf"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: scripts/slurm_local.sh up|down|status" >&2; exit 2 ;;
+  env) exports ;;
+  *) echo "usage: scripts/slurm_local.sh up|down|status|env" >&2; exit 2 ;;
 esac

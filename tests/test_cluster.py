@@ -3,6 +3,7 @@ It comes up and goes down leaving nothing behind; a job spans its nodes through 
 and through hydra/launcher=slurm; every hand-written collective equals builtin across the real node boundary, and
 the hierarchical groups follow the nodes."""
 
+import functools
 import json
 import os
 import shutil
@@ -21,7 +22,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     reason="the local cluster needs root, ip, tc and nsenter")]
 
 SCRIPT = str(ROOT / "scripts" / "cluster_local.sh")
-SLURM_ENV = {"SLURM_CONF": "/tmp/ringexp-cluster/slurm/slurm.conf"}  # the cluster's Slurm, as `up --slurm` prints
+
+
+@functools.cache
+def exports() -> dict:
+    """RINGEXP_CLUSTER_DIR (the cluster's state) and SLURM_CONF (its Slurm's config) as `cluster_local.sh env`
+    exports them, read back from a shell that evals its lines as a user's would."""
+    r = subprocess.run(["bash", "-c", 'eval "$("$0" env)" && printf "%s\\0%s" "$RINGEXP_CLUSTER_DIR" "$SLURM_CONF"',
+                        SCRIPT], capture_output=True, text=True, timeout=60, check=True)
+    state, conf = r.stdout.split("\0")
+    return {"RINGEXP_CLUSTER_DIR": state, "SLURM_CONF": conf}
+
+
+def slurm_env() -> dict:
+    """This process's environment, Slurm's commands pointed at the cluster's Slurm."""
+    return {**os.environ, "SLURM_CONF": exports()["SLURM_CONF"]}
 
 
 def cluster(*args, timeout=300):
@@ -40,7 +55,8 @@ def leftovers() -> list:
     found += [line for line in open("/etc/hosts") if "ringexp-cluster" in line]
     found += [d for d in ("slurmctld", "slurmd", "slurmdbd", "mariadbd")
               if subprocess.run(["pgrep", "-x", d], capture_output=True).stdout]
-    return found + (["/tmp/ringexp-cluster"] if os.path.exists("/tmp/ringexp-cluster") else [])
+    state = exports()["RINGEXP_CLUSTER_DIR"]
+    return found + ([state] if os.path.exists(state) else [])
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +77,7 @@ def test_up_twice_is_harmless_and_status_shows_the_nodes(two_nodes):
     assert r.returncode == 0 and "already up" in r.stdout, r.stderr
     r = cluster("status")
     assert r.returncode == 0 and "ringexp-node0  198.18.0.10  unshaped" in r.stdout, r.stdout
+    assert os.path.isfile(exports()["SLURM_CONF"]), exports()  # `env` points at the Slurm that up started
     assert "ringexp-node1 idle" in r.stdout, r.stdout  # Slurm's view
     r = cluster("run", "1", "--", "python3", "-c", "import socket; print(socket.gethostbyname('ringexp-node0'))")
     assert r.stdout.strip() == "198.18.0.10", r.stderr
@@ -103,7 +120,7 @@ def test_a_sweep_spans_the_nodes_through_slurm(two_nodes, tmp_path):
                         "+parallel=hierarchical", "backend=nccl_sockets", "hydra/launcher=slurm",
                         "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, **SLURM_ENV})
+                       env=slurm_env())
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(sweep / "0")
     assert (s["status"], s["world_size"], s["nodes"], s["ranks_per_node"]) == ("completed", 4, 2, 2), s
@@ -129,7 +146,7 @@ def test_plan_calibrate_runs_unchanged_under_srun_one_rank_per_task(two_nodes, t
     out = tmp_path / "srun.yaml"
     r = subprocess.run(["srun", "-p", "cluster", "-N", "2", "--ntasks-per-node", "1", sys.executable, "-m",
                         "ringexp.plan", "calibrate", "iters=2", "sizes=[4096,1048576]", f"out={out}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **SLURM_ENV})
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=slurm_env())
     assert r.returncode == 0, r.stderr[-3000:]
     cl = load_yaml(ClusterConfig, out)
     assert (cl.nodes, cl.ranks_per_node, cl.link, cl.backend) == (2, 1, "none", "gloo")
@@ -181,7 +198,7 @@ def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_
     args = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=60", "eval_every=1000", "logger=none",
             "checkpoint.every_steps=5", "parallel.timeout_s=10", "+parallel=ddp", "hydra/launcher=slurm",
             "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, **SLURM_ENV}
+    env = slurm_env()
     env.pop("HYDRA_FULL_ERROR", None)
     slurm_nodes_idle()
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -216,7 +233,7 @@ def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_
 
 def slurm_nodes_idle(timeout: float = 120) -> None:
     """Until Slurm sees both nodes idle again, bringing back a node it marked down (as an admin would)."""
-    env = {**os.environ, **SLURM_ENV}
+    env = slurm_env()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env).stdout

@@ -1,15 +1,20 @@
 """Sweeps end with a compare report: a local multirun (one job failing validation) and the report's
 table, CSV and plots; the compare CLI on run directories and its bad input; runs whose records are broken or
-were planted (each listed as unreadable with its file and why, the other runs reported as before)."""
+were planted (each listed as unreadable with its file and why, the other runs reported as before); seed groups
+(--groups) and the fastest group's choice (--fastest), on summaries written as ringexp writes them, checked against
+numbers computed here and against what scripts/cluster_story.sh computed before compare could."""
 
 import contextlib
 import csv
 import json
 import os
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY, run_cli
@@ -292,3 +297,193 @@ def test_a_run_directory_whose_name_is_not_utf8_is_listed_by_its_escaped_name(tm
     (bad / "summary.json").write_text("[]")
     assert compare.main([str(sweep)]) == 0
     assert f"{sweep}/\\xff/summary.json: unreadable (holds a list, not a summary)" in (sweep / "compare.md").read_text()
+
+
+# Seed groups: summaries written the way ringexp writes them (records.write_summary, with the keys of
+# Recorder.summary that compare reads), no training run.
+STORY = ["model=resnet18", "data.batch_size=8", "logger=none", "steps=200", "eval_every=100"]
+
+
+def fake_run(run_dir, overrides, median: float, auroc: float, f1: float = 0.15):
+    """A completed run's summary.json; its preset (choices.parallel, job_type) from its +parallel= override."""
+    parallel = next((o.split("=", 1)[1] for o in overrides if o.startswith("+parallel=")), "ddp")
+    run_dir.mkdir(parents=True)
+    records.write_summary(run_dir, {
+        "status": "completed", "run_dir": str(run_dir), "name": ",".join(overrides), "job_type": parallel,
+        "strategy": parallel, "choices": {"parallel": parallel, "compression": "none"}, "overrides": overrides,
+        "world_size": 4, "throughput": {"median": median, "p10": 0.9 * median, "p90": 1.1 * median},
+        "final": {"auroc_macro": auroc, "f1_macro": f1, "step": 200},
+        "best": {"auroc_macro": auroc + 0.004, "f1_macro": f1, "step": 100}})
+    return run_dir
+
+
+def failed_run(run_dir, overrides):
+    """A failed job as a sweep leaves it: the failed summary (records.mark_failed) and Hydra's overrides.yaml."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    records.mark_failed(run_dir, "ringexp: error: rank 1 stopped answering")
+    return run_dir
+
+
+def exit_code(argv) -> int:
+    """compare.main's exit code, also where argparse exits (an unknown flag, a flag without its value)."""
+    try:
+        return compare.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def group_table(out: str) -> dict:
+    """The seed groups' table compare printed: {group label (baseline mark removed): {column: cell}}."""
+    lines = out.split("\nSeed groups:\n", 1)[1].split("\n* baseline", 1)[0].splitlines()
+    head = re.split(r"\s{2,}", lines[0].strip())
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1:]]
+    assert all(len(r) == len(head) for r in rows), lines
+    return {r[0].removesuffix("*"): dict(zip(head, r, strict=True)) for r in rows}
+
+
+def test_seed_groups_join_the_runs_that_differ_only_in_seed(tmp_path):
+    """A run without seed= has the schema's seed; overrides in another order, a name= and Hydra's ++seed= do not
+    split a group; another override (compression=int8) or another preset makes another group; the failed run of
+    a group is not in it."""
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / "0", [*STORY, "+parallel=ddp"], 38.9, 0.639)
+    fake_run(sweep / "1", ["+parallel=ddp", "seed=1", *STORY[::-1], "name=again"], 38.7, 0.642)
+    fake_run(sweep / "2", [*STORY, "++seed=2", "+parallel=ddp"], 37.3, 0.637)
+    fake_run(sweep / "3", [*STORY, "+parallel=ddp", "seed=1", "compression=int8"], 50.0, 0.640)
+    fake_run(sweep / "4", [*STORY, "+parallel=ddp", "seed=2", "compression=int8"], 52.0, 0.630)
+    fake_run(sweep / "5", [*STORY, "+parallel=fsdp", "seed=1"], 18.6, 0.642)
+    failed_run(sweep / "6", [*STORY, "+parallel=ddp", "seed=3"])
+    failed_run(sweep / "7", [*STORY, "+parallel=hierarchical"])
+    groups = compare.seed_groups(load_local([sweep]))
+    got = [(g.label, g.seeds, [Path(r["dir"]).name for r in g.runs]) for g in groups]
+    assert got == [("+parallel=ddp", ("0", "1", "2"), ["0", "1", "2"]),
+                   ("+parallel=ddp compression=int8", ("1", "2"), ["3", "4"]),
+                   ("+parallel=fsdp", ("1",), ["5"])], got
+    assert set(groups[1].overrides) == {*STORY, "+parallel=ddp", "compression=int8"}
+    one = compare.seed_groups(load_local([sweep / "0", sweep / "1"]))  # nothing but the seed differs
+    assert [(g.label, g.seeds) for g in one] == [("(all the same)", ("0", "1"))]
+
+
+def test_seed_group_numbers_are_the_mean_and_sample_sd_of_their_runs(tmp_path, capsys):
+    """Each group's row: mean and sample standard deviation of throughput median, final and best macro-AUROC and
+    final macro-F1 (computed here with statistics), the speed-up of its mean against the ddp group's, printed,
+    in groups.md and in groups.csv; without --groups the output is as before and no groups file is written."""
+    sweep = tmp_path / "sweep"
+    made = {"ddp": [(38.9, 0.639, 0.129), (38.7, 0.642, 0.178), (37.3, 0.637, 0.123)],
+            "ddp_powersgd": [(76.4, 0.638, 0.147), (51.3, 0.643, 0.179), (69.0, 0.637, 0.122)],
+            "fsdp": [(18.6, 0.642, 0.158)]}
+    for preset, seeds in made.items():
+        for seed, (median, auroc, f1) in enumerate(seeds):
+            fake_run(sweep / f"{preset}-{seed}", [*STORY, f"+parallel={preset}", f"seed={seed}"], median, auroc, f1)
+    assert compare.main([str(sweep), "--groups", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    printed = group_table(out)
+    with open(tmp_path / "out" / "groups.csv") as f:
+        written = {r["group"]: r for r in csv.DictReader(f)}
+    md = (tmp_path / "out" / "groups.md").read_text()
+    ddp_tp = statistics.mean(m for m, _, _ in made["ddp"])
+    for preset, seeds in made.items():
+        label, cols = f"+parallel={preset}", list(zip(*seeds, strict=True))
+        want = {"samples/s": cols[0], "final AUROC": cols[1], "best AUROC": [a + 0.004 for a in cols[1]],
+                "final F1": cols[2]}
+        for column, values in want.items():
+            mean, sd = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+            assert float(written[label][column]) == pytest.approx(mean, rel=1e-12), (label, column)
+            sd_written = written[label][f"{column} sd"]  # empty for one seed: no sample sd
+            assert sd_written == "" if sd is None else float(sd_written) == pytest.approx(sd, rel=1e-12), label
+            cell = compare.fmt(column, mean) + ("" if sd is None else f" ± {compare.fmt(column, sd)}")
+            assert printed[label][column] == cell, (label, column, printed[label])
+            assert f" {cell} |" in md.split(label, 1)[1].splitlines()[0], (label, column)
+        speed_up = statistics.mean(cols[0]) / ddp_tp
+        assert printed[label]["speed-up"] == f"{speed_up:.2f}x" and float(written[label]["speed-up"]) == pytest.approx(
+            speed_up, rel=1e-12)
+        assert printed[label]["seeds"] == str(len(seeds)) == written[label]["seeds"]
+        assert printed[label]["seed values"] == " ".join(map(str, range(len(seeds))))
+    assert "| +parallel=ddp (baseline) |" in md and "+parallel=ddp*" in out
+    assert compare.main([str(sweep), "--out", str(tmp_path / "plain")]) == 0
+    assert "Seed groups" not in capsys.readouterr().out and not (tmp_path / "plain" / "groups.md").exists()
+
+
+def test_fastest_prints_the_choice_of_the_group_with_the_highest_mean_throughput(tmp_path, capsys):
+    """The fastest group by mean, not the fastest run: ddp_powersgd has the fastest run (76.4) and ring_fp16 the
+    fastest mean (70.0 against 65.6); a failed run of ring_fp16's group takes no part. Only the value is printed,
+    nothing is written."""
+    sweep = tmp_path / "sweep"
+    for seed, median in enumerate((76.4, 51.3, 69.0)):
+        fake_run(sweep / f"p{seed}", [*STORY, "+parallel=ddp_powersgd", f"seed={seed}"], median, 0.64)
+    fake_run(sweep / "r0", [*STORY, "+parallel=ring_fp16"], 70.0, 0.64)
+    failed_run(sweep / "r1", [*STORY, "+parallel=ring_fp16", "seed=1"])
+    fake_run(sweep / "d0", [*STORY, "+parallel=ddp"], 38.9, 0.64)
+    before = sorted(p.name for p in sweep.iterdir())
+    assert compare.main([str(sweep), "--fastest", "parallel"]) == 0
+    assert capsys.readouterr() == ("ring_fp16\n", "")
+    assert compare.main([str(sweep), "--fastest", "compression"]) == 0
+    assert capsys.readouterr().out == "none\n"
+    assert sorted(p.name for p in sweep.iterdir()) == before  # no report written
+
+
+@pytest.mark.parametrize("where, args", [
+    ("sweep", ["--fastest", "nosuch"]), ("sweep", ["--fastest", ""]), ("sweep", ["--fastest", "parallel", "--groups"]),
+    ("sweep", ["--fastest"]), ("sweep", ["--groups=yes"]), ("sweep", ["--no-such-flag"]),
+    ("failed", ["--fastest", "parallel"])])  # nothing completed to choose from
+def test_compare_rejects_a_bad_flag_with_one_line(tmp_path, capsys, where, args):
+    fake_run(tmp_path / "sweep" / "0", [*STORY, "+parallel=ddp"], 38.9, 0.64)
+    failed_run(tmp_path / "failed" / "0", [*STORY, "+parallel=ddp"])
+    assert exit_code([str(tmp_path / where), *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith("ringexp: error: "), (args, err)
+
+
+def old_fastest(presets: Path) -> str:
+    """scripts/cluster_story.sh's first heredoc before compare had --fastest: the independent reference."""
+    runs = [json.loads(p.read_text()) for p in presets.glob("*/summary.json")]
+    runs = [r for r in runs if r["status"] == "completed"]
+    return max(runs, key=lambda r: r["throughput"]["median"])["choices"]["parallel"]
+
+
+def old_seed_means(out: Path, best: str):
+    """Its second heredoc before compare had --groups: runs, mean throughput and mean final macro-AUROC per preset."""
+    by = {}
+    for p in [*out.glob("presets/*/summary.json"), *out.glob("seeds/*/summary.json")]:
+        s = json.loads(p.read_text())
+        if s["status"] == "completed" and s["choices"]["parallel"] in ("ddp", best):
+            by.setdefault(s["choices"]["parallel"], []).append(s)  # seed 0 from presets/, 1 and 2 from seeds/
+    tp = {k: statistics.mean(s["throughput"]["median"] for s in v) for k, v in by.items()}
+    au = {k: statistics.mean(s["final"]["auroc_macro"] for s in v) for k, v in by.items()}
+    return by, tp, au
+
+
+def test_compare_answers_what_cluster_story_computed_itself(tmp_path, capsys):
+    """scripts/cluster_story.sh's records (presets/ at seed 0 with one failed preset, seeds/ with seeds 1 and 2 of
+    ddp and the fastest preset; the numbers of docs/results/cluster-story.md): --fastest parallel names the preset
+    the old script's first heredoc chose, and --groups prints the seed counts, mean throughputs, speed-up and mean
+    final macro-AUROC (and its difference) its second heredoc printed."""
+    out = tmp_path / "cluster-story"
+    presets = {"ddp": (38.9, 0.639), "ddp_tuned": (38.2, 0.638), "hierarchical": (47.8, 0.640),
+               "hierarchical_int8": (69.0, 0.638), "ring_fp16": (60.3, 0.639), "ddp_powersgd": (76.4, 0.638),
+               "fsdp": (18.6, 0.642)}
+    for i, (preset, (median, auroc)) in enumerate(presets.items()):
+        fake_run(out / "presets" / str(i), [*STORY, f"+parallel={preset}"], median, auroc)
+    failed_run(out / "presets" / "7", [*STORY, "+parallel=hierarchical_powersgd"])
+    seeds = [("ddp", 1, 38.7, 0.642), ("ddp", 2, 37.3, 0.637), ("ddp_powersgd", 1, 51.3, 0.643),
+             ("ddp_powersgd", 2, 69.0, 0.637)]
+    for i, (preset, seed, median, auroc) in enumerate(seeds):
+        fake_run(out / "seeds" / str(i), [*STORY[:3], f"+parallel={preset}", f"seed={seed}", *STORY[3:]], median, auroc)
+    assert compare.main([str(out / "presets"), "--fastest", "parallel"]) == 0
+    best = capsys.readouterr().out.strip()
+    assert best == old_fastest(out / "presets") == "ddp_powersgd"
+    assert compare.main([str(out / "presets"), str(out / "seeds"), "--groups"]) == 0
+    printed = group_table(capsys.readouterr().out)
+    by, tp, au = old_seed_means(out, best)
+    ddp, fast = printed["+parallel=ddp"], printed[f"+parallel={best}"]
+    assert (ddp["seeds"], fast["seeds"]) == (str(len(by["ddp"])), str(len(by[best]))) == ("3", "3")
+    for row, preset in ((ddp, "ddp"), (fast, best)):  # the mean of a cell "mean ± sd"
+        assert row["samples/s"].split(" ± ")[0] == f"{tp[preset]:.1f}", row
+        assert row["final AUROC"].split(" ± ")[0] == f"{au[preset]:.3f}", row
+    assert (ddp["speed-up"], fast["speed-up"]) == ("1.00x", f"{tp[best] / tp['ddp']:.2f}x")
+    assert fast["AUROC vs baseline"] == f"{au[best] - au['ddp']:+.3f}"
+    groups = {g.label: g for g in compare.seed_groups(load_local([out / "presets", out / "seeds"]))}
+    for preset in ("ddp", best):  # the same arithmetic, not only the same rounding
+        assert groups[f"+parallel={preset}"].mean("samples/s") == tp[preset]
+        assert groups[f"+parallel={preset}"].mean("final AUROC") == au[preset]

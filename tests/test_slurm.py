@@ -2,13 +2,12 @@
 munge where needed), and a multirun goes through hydra/launcher=slurm: 2 configurations x 2 tasks each,
 plus one job that fails, whose error lands in its run directory and in the sweep's compare report."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, read_rows
+from conftest import ROOT, TINY, read_rows, read_summary
 
 pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
 
@@ -19,7 +18,11 @@ def slurm():
     if up.returncode == 3:  # the script's code for "packages missing and cannot be installed"
         pytest.skip(f"no local Slurm: {up.stderr.strip()}")
     assert up.returncode == 0, up.stdout + up.stderr
-    yield {**os.environ, "SLURM_CONF": os.environ.get("RINGEXP_SLURM_DIR", "/tmp/ringexp-slurm") + "/slurm.conf"}
+    # SLURM_CONF as `slurm_local.sh env` exports it, read back from a shell that evals its lines
+    conf = subprocess.run(["bash", "-c", 'eval "$("$0" env)" && printf %s "$SLURM_CONF"',
+                           str(ROOT / "scripts/slurm_local.sh")], capture_output=True, text=True, timeout=60,
+                          check=True)
+    yield {**os.environ, "SLURM_CONF": conf.stdout}
     subprocess.run([str(ROOT / "scripts/slurm_local.sh"), "down"], capture_output=True, timeout=60)
 
 
@@ -32,7 +35,7 @@ def test_a_sweep_runs_on_slurm_with_one_rank_per_task(tmp_path, slurm):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=slurm)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (sweep / ".submitit").is_dir()  # really went through submitit
-    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(3)]
+    summaries = [read_summary(sweep / str(i)) for i in range(3)]
     for i, s in enumerate(summaries[:2]):
         assert s["status"] == "completed" and s["world_size"] == 2, s
         assert s["strategy"] == ["ddp", "ring"][i] and s["compression"]["name"] == "int8"
@@ -81,7 +84,7 @@ def test_a_preempted_slurm_job_requeues_and_resumes_from_its_checkpoint(tmp_path
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env=slurm)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    s = json.loads((run_dir / "summary.json").read_text())
+    s = read_summary(run_dir)
     assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5, s.get("resumed_from")
     assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 41)), "every step exactly once"
     assert "requeue" in (sweep / ".submitit" / job / f"{job}_0_log.err").read_text().lower()
