@@ -54,3 +54,12 @@ def plan_commands() -> list:
 def test_every_readme_plan_command_loads_its_cluster_and_training_config(command):
     pc, train = load(shlex.split(command)[4:])
     assert pc.cluster.name and preset_config("ddp", [a for a in train if "parallel=" not in a]).model.name
+
+
+def test_the_readme_is_a_front_page_that_makes_no_claim_about_the_suite_that_could_go_stale():
+    """Under 10,000 bytes (tables live in docs/results/), and no count of tests or minutes of the suite: those change
+    with every capability and are measured in docs/results/README.md with their commit."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) < 10_000
+    claims = re.findall(r"\b\d+ (?:tests|test cases)\b|suite[^.]{0,80}?\b\d+(?:\.\d+)? ?(?:min|minutes)\b", text)
+    assert not claims, claims
