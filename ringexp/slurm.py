@@ -45,8 +45,14 @@ def first_answer(job) -> list:
         return results(job)
     answers, lost = [], []
     for task in range(job.num_tasks):
+        sub = job.task(task)
+        if answers and not sub.paths.result_pickle.exists():
+            # the job has ended and a task answered: one without a result now has none (submitit would wait 15 s
+            # for it, as for a slow filesystem; task 0, read first, still gets that wait)
+            lost.append((task, f"Job {job.job_id} (task: {task}) has not produced any output"))
+            continue
         try:
-            answers.append(results(job.task(task))[0])
+            answers.append(results(sub)[0])
         except UncompletedJobError as e:
             lost.append((task, str(e).splitlines()[0]))
     if not answers:

@@ -2,7 +2,9 @@
 to a few CPU steps; strategies built from the real composed config; killing and resuming runs; reading an
 offline W&B run's records."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import re
@@ -19,7 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ringexp import records
+from ringexp import records, train
 from ringexp.launch import elastic
 from ringexp.metrics import state_bytes
 from ringexp.trainer import forward_backward
@@ -312,3 +314,20 @@ def history_and_summary(path: Path):
         elif kind == "run":
             run = rec.run
     return rows, summary, run
+
+
+def refused(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """What run_cli returns for a command ringexp refuses before any worker starts, run in this process:
+    ringexp.train's own entry (cli) on these arguments, with its exit code, stdout and stderr. A CLI run costs
+    about 6 s of imports; this, a fraction of one. For commands that must be refused: anything else fails here."""
+    argv, out, err, code = sys.argv, io.StringIO(), io.StringIO(), 0
+    sys.argv = ["ringexp.train", *overrides, f"hydra.run.dir={run_dir}"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            train.cli()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = argv
+    assert code != 0, f"not refused: {overrides}\n{err.getvalue()[-2000:]}"
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())

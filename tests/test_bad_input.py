@@ -107,7 +107,7 @@ def test_ringexp_validation_errors_are_one_short_line(case, tmp_path, image_fold
 
 
 @pytest.mark.parametrize("case", ["nodes do not divide workers", "cuda without GPUs", "csv bad value",
-                                  "a variable no backend reads", "an NCCL_ALGO NCCL refuses"])
+                                  "a variable no backend reads"])  # (one of each kind of check; all in-process above)
 def test_the_cli_prints_a_validation_error_as_one_line_exit_2_and_writes_nothing_else(case, tmp_path, image_folder):
     if case == "cuda without GPUs" and torch.cuda.is_available():
         pytest.skip("a GPU is visible here")

@@ -93,13 +93,15 @@ def test_a_local_sweep_ends_with_a_compare_report_listing_the_failed_job(tmp_pat
     assert fsdp_row.split()[0].endswith("*") or "1.00x" in fsdp_row
 
 
-def test_compare_cli_rejects_bad_paths_with_one_line(tmp_path):
+def test_compare_cli_rejects_bad_paths_with_one_line(tmp_path, capsys):
+    """The command line itself once (its exit code), then each case as main() answers it, in this process."""
+    r = subprocess.run([sys.executable, "-m", "ringexp.compare", str(tmp_path / "missing")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("ringexp: error: ") and len(r.stderr.splitlines()) == 1, r.stderr
     for args in ([str(tmp_path / "missing")], [str(tmp_path)], [], ["--wandb", "me/proj"]):
-        r = subprocess.run([sys.executable, "-m", "ringexp.compare", *args], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
-        assert r.returncode == 2, (args, r.stderr)
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("ringexp: error: "), (args, r.stderr)
+        assert compare.main(args) == 2, args
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ringexp: error: "), (args, lines)
 
 
 def test_unflatten_restores_wandb_summaries():

@@ -107,11 +107,11 @@ def test_fuzzed_command_lines_end_valid_or_with_a_short_error(tmp_path):
             samples.setdefault(kind, []).append(overrides)
     # the fuzzer reaches all three outcomes often enough to mean something
     assert all(n >= 20 for n in seen.values()), seen
-    # and the real CLI prints them as promised: a few of each kind of error, end to end
-    for overrides in samples["ringexp"][:2]:
+    # and the real CLI prints them as promised: one of each kind of error, end to end
+    for overrides in samples["ringexp"][:1]:  # (test_bad_input runs the CLI on chosen cases of each kind)
         r = run_cli(tmp_path / "cli", *overrides, "logger=none")
         assert r.returncode == 2 and "Traceback" not in r.stderr, (overrides, r.stderr)
         assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1, (overrides, r.stderr)
-    for overrides in samples["hydra"][:2]:
+    for overrides in samples["hydra"][:1]:
         r = run_cli(tmp_path / "cli", *overrides, "logger=none")
         assert r.returncode == 1 and "Traceback" not in r.stderr, (overrides, r.stderr)

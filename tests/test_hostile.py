@@ -28,6 +28,7 @@ from conftest import (
     error_line,
     read_rows,
     read_summary,
+    refused,
     run_cli,
     start,
     wait_for_step,
@@ -74,21 +75,21 @@ def test_damaged_checkpoints_are_found_before_anything_is_loaded(tmp_path):
     # an explicit resume=PATH that is damaged: one line naming the file; nothing written anywhere else
     newest = sorted((src / "checkpoints").glob("step-*"))[-1]
     (newest / "rank1.pt").unlink()
-    r = run_cli(tmp_path / "explicit", *CK, "steps=20", f"resume={newest}")
+    r = refused(tmp_path / "explicit", *CK, "steps=20", f"resume={newest}")
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"{newest}/rank1.pt is missing" in error_line(r.stderr) and "W&B" not in r.stderr, r.stderr
     rank0 = step8 / "rank0.pt"  # a byte changed, size kept
     data = bytearray(rank0.read_bytes())
     data[100] ^= 0xFF
     rank0.write_bytes(bytes(data))
-    r = run_cli(tmp_path / "flipped", *CK, "steps=20", f"resume={step8}")
+    r = refused(tmp_path / "flipped", *CK, "steps=20", f"resume={step8}")
     assert r.returncode == 2 and f"{rank0.name} does not match its SHA-256" in error_line(r.stderr), r.stderr
 
     # every checkpoint damaged: resume=auto refuses, and the completed summary and rows stay as they were
     for ckpt in (src / "checkpoints").glob("step-*"):
         (ckpt / "meta.json").write_text(json.dumps({"fingerprint": {}, "files": {"model.pt": {"bytes": 1}}}))
     summary, rows = (src / "summary.json").read_bytes(), (src / "metrics.jsonl").read_bytes()
-    r = run_cli(src, *CK, "steps=24", "resume=auto")
+    r = refused(src, *CK, "steps=24", "resume=auto")
     assert r.returncode == 2 and "every checkpoint in" in error_line(r.stderr), r.stderr[-2000:]
     assert (src / "summary.json").read_bytes() == summary and (src / "metrics.jsonl").read_bytes() == rows
 
@@ -134,17 +135,17 @@ def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
     original = (newest / ".metadata").read_bytes()
     (newest / ".metadata").write_bytes(planted)
     again = [*TINY, "+parallel=fsdp", "steps=6", "logger=none", f"resume={newest}"]
-    r = run_cli(tmp_path / "checksum", *again)
+    r = refused(tmp_path / "checksum", *again)
     assert r.returncode == 2 and f".metadata is {len(planted)} bytes" in error_line(r.stderr), r.stderr[-2000:]
 
-    def refused(name, words):
-        r = run_cli(tmp_path / name, *again)
+    def refused_as(name, words):
+        r = refused(tmp_path / name, *again)
         assert not marker.exists(), f"the checkpoint ran code ({name})"
         assert r.returncode == 2 and words in error_line(r.stderr), r.stderr[-3000:]
         assert not (tmp_path / name).exists(), "a refused resumption made a run directory"
 
     forge(newest, ".metadata", planted)  # 1. .metadata itself a pickle that runs a command
-    refused("unpickler", f"{newest / '.metadata'}: refused to load: it asks for posix.system")
+    refused_as("unpickler", f"{newest / '.metadata'}: refused to load: it asks for posix.system")
 
     forge(newest, ".metadata", original)  # 2. a byte item (the learning rate) that runs a command
     shard, offset, length = byte_item(newest, "optimizer.param_groups.0.lr")
@@ -152,7 +153,7 @@ def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
     data = bytearray(shard_bytes)
     data[offset:offset + len(planted)] = planted
     forge(newest, shard, bytes(data))
-    refused("byte_item", f"{newest / shard}: item 'optimizer.param_groups.0.lr' cannot be loaded as plain values")
+    refused_as("byte_item", f"{newest / shard}: item 'optimizer.param_groups.0.lr' cannot be loaded as plain values")
 
     # 3. .metadata pointing an item at a pickle outside the checkpoint
     outside = tmp_path / "elsewhere.distcp"
@@ -163,7 +164,7 @@ def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
             metadata.storage_data[index] = dataclasses.replace(info, relative_path=str(outside), offset=0,
                                                                length=len(planted))
     forge(newest, ".metadata", pickle.dumps(metadata))
-    refused("outside", f"{newest / '.metadata'}: item 'optimizer.param_groups.0.lr' is stored as '{outside}'")
+    refused_as("outside", f"{newest / '.metadata'}: item 'optimizer.param_groups.0.lr' is stored as '{outside}'")
 
     # 4. a tensor's bytes made unreadable: DCP fails inside its collective with a CheckpointException, a
     # BaseException that passed through `except Exception` as a traceback
@@ -181,7 +182,7 @@ def test_a_planted_or_cut_fsdp_checkpoint_runs_no_code_and_is_named(tmp_path):
 
     shard = sorted(older.glob("*.distcp"))[-1]
     shard.write_bytes(shard.read_bytes()[:100])
-    r = run_cli(tmp_path / "cut", *TINY, "+parallel=fsdp", "steps=6", "logger=none", f"resume={older}")
+    r = refused(tmp_path / "cut", *TINY, "+parallel=fsdp", "steps=6", "logger=none", f"resume={older}")
     assert r.returncode == 2, r.stderr[-2000:]
     assert f"{older}/{shard.name} is 100 bytes" in error_line(r.stderr), r.stderr[-2000:]
 
