@@ -12,7 +12,6 @@ where it ran (nodes, ranks per node, the link between nodes).
 """
 
 import csv
-import json
 import logging
 import math
 import os
@@ -259,7 +258,7 @@ def print_rows(rows: list, header: bool) -> None:
 
 
 def write_results(rows: list, run_dir: Path) -> None:
-    (run_dir / "bench.json").write_text(json.dumps(rows, indent=1) + "\n")
+    records.write_json(run_dir / records.BENCH, rows)
     with open(run_dir / "bench.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -59,7 +59,7 @@ def bench_rows(path: str) -> list:
     """The rows of one bench.json of ringexp.bench, each with what accuracy reads, of the type it needs (numbers
     finite and in range, an algorithm and compressor the bench runs); ConfigError naming the file and row."""
     try:
-        rows = records.parse_json(records.read_bytes(path, records.SMALL, follow=True))
+        rows = records.read_bench(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"bench={path}: cannot read it ({e}); give bench.json files of ringexp.bench") from None
     if not isinstance(rows, list):
