@@ -64,7 +64,7 @@ def load(args: list) -> tuple:
 def app(command: str | None, args: list) -> None:
     """Hydra's app over the planner's arguments (its --help, its overrides, its errors), then the command."""
     plan, train, path = split(args)
-    sys.argv = [f"ringexp.plan {command or ''}".strip(), *plan]
+    argv, sys.argv = sys.argv, [f"ringexp.plan {command or ''}".strip(), *plan]  # what Hydra's app parses
 
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="plan")
     def run(cfg) -> None:
@@ -78,7 +78,10 @@ def app(command: str | None, args: list) -> None:
             print_error(str(e))
             sys.exit(2)
 
-    run()
+    try:
+        run()
+    finally:
+        sys.argv = argv
 
 
 def other_rank(args: list) -> None:
