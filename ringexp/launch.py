@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -57,6 +58,17 @@ def as_rank(main, other, srun: bool = True):
     if under_external_launcher() and os.environ["RANK"] != "0":
         return other()
     return main()
+
+
+def refused_elsewhere(wait_s: float = 60.0) -> None:
+    """Exit 2, without a word, from a non-zero rank whose config is refused: rank 0 composes the same config and
+    says what is wrong. Not at once: torchrun's agent stops every rank as soon as one exits, and rank 0, slower to
+    compose (Hydra's app), was stopped before it said it; the agent stops this rank when rank 0 exits."""
+    try:
+        time.sleep(wait_s)
+    except KeyboardInterrupt:  # the agent's SIGTERM (stop.default makes it raise as Ctrl-C does)
+        pass
+    sys.exit(2)
 
 
 def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_method: str = "spawn") -> dict:

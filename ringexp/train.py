@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from ringexp import backend, checkpoint, records, rundir
 from ringexp.config import CONF_DIR, Device, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
-from ringexp.launch import as_rank, launch, run_worker, slurm_task, worker_failure
+from ringexp.launch import as_rank, launch, refused_elsewhere, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config, job_world
 
@@ -173,7 +173,7 @@ def worker_rank_main() -> None:
     try:
         config = compose_config([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
     except ConfigError:
-        sys.exit(2)
+        refused_elsewhere()
     try:
         run_worker(config, None, None)
     except Exception as e:  # rank 0 says what failed and what to do; every other rank, in one line, why it stopped

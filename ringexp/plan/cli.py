@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ringexp.config import CONF_DIR, PlanConfig
 from ringexp.errors import ConfigError, one_line, print_error
-from ringexp.launch import as_rank
+from ringexp.launch import as_rank, refused_elsewhere
 from ringexp.plan import accuracy, calibrate, clusters, predict
 
 COMMANDS = {"calibrate": calibrate.calibrate, "predict": predict.predict, "accuracy": accuracy.accuracy}
@@ -90,7 +90,7 @@ def other_rank(args: list) -> None:
     try:
         cfg, _ = load(args)
     except ConfigError:
-        sys.exit(2)
+        refused_elsewhere()
     calibrate.calibrate_worker(cfg)
 
 
