@@ -174,6 +174,8 @@ def worker_rank_main() -> None:
         config = compose_config([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
     except ConfigError:
         refused_elsewhere()
+    except KeyboardInterrupt:  # torchrun's agent stopped this rank before it started: another rank failed, and says
+        sys.exit(stop.EXIT_CODE)  # why (rank 0 composes the same config)
     try:
         run_worker(config, None, None)
     except Exception as e:  # rank 0 says what failed and what to do; every other rank, in one line, why it stopped

@@ -159,3 +159,28 @@ def test_under_torchrun_a_validation_error_is_printed_once(tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.startswith("ringexp: error:")]
     assert lines == ["ringexp: error: data.batch_size=0: need at least 1 sample per batch"], r.stderr[-3000:]
     assert r.returncode != 0 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arrives", ["while composing", "after the refusal"])
+def test_a_non_zero_rank_stopped_by_torchrun_s_agent_says_nothing(monkeypatch, capsys, arrives):
+    """Whichever rank is faster, the user reads rank 0's one line: a non-zero rank that the agent stops (its SIGTERM
+    raises as Ctrl-C here) while it composes, or while it waits after its own refusal, exits without a word (both
+    orders were seen on clean-clone runs: 'ringexp: error: interrupted' printed beside, or instead of, the error)."""
+    from ringexp import launch, train
+
+    def stopped(*_):
+        raise KeyboardInterrupt
+
+    def refused(*_):
+        raise ConfigError("data.batch_size=0: need at least 1 sample per batch")
+
+    monkeypatch.setattr(train, "compose_config", stopped if arrives == "while composing" else refused)
+    monkeypatch.setattr(launch.time, "sleep", stopped)  # the agent's SIGTERM during refused_elsewhere's wait
+    try:
+        train.worker_rank_main()
+    except KeyboardInterrupt:  # (caught here: one escaping a test would stop the whole session)
+        pytest.fail("the agent's SIGTERM escaped: ringexp.train's cli would print 'interrupted'")
+    except SystemExit as e:
+        assert e.code in (2, 130) and capsys.readouterr().err == ""
+    else:
+        pytest.fail("a refused or stopped rank went on")
