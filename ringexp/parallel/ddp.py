@@ -6,6 +6,8 @@ Compression: with the builtin all-reduce, PyTorch's own hooks where they exist (
 PowerSGD); every other combination goes through ringexp's hook and ringexp.compress.
 """
 
+from itertools import accumulate
+
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -85,8 +87,8 @@ class DDPStrategy(Strategy):
         buckets = bucket_shapes(cfg, shapes)
         algorithm, options = ALGORITHM[cfg.parallel.strategy], {"variant": cfg.parallel.variant}
         comm_s = [compress.seconds(cl, cfg.compression, algorithm, b, **options) for b in buckets]
-        sizes = [sum(s.numel() for s in b) for b in buckets]
-        ready = [compute["backward_s"] * sum(sizes[:i + 1]) / (sum(sizes) or 1) for i in range(len(sizes))]
+        produced = list(accumulate(sum(s.numel() for s in b) for b in buckets))  # gradient elements, in order
+        ready = [compute["backward_s"] * n / (produced[-1] or 1) for n in produced]  # (no buckets: none ready)
         _, exposed = costmodel.overlap(ready, comm_s, compute["backward_s"])
         return costmodel.step(sum(comm_s), exposed, compute, cfg.accumulation.steps)
 

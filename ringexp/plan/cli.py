@@ -43,9 +43,14 @@ def resolved(cfg, path: str) -> PlanConfig:
             cfg.cluster = clusters.read(path, over=cfg.cluster)
         return OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        # Hydra's first line only names the override ("Error merging override x=.inf"); its cause says what is wrong
-        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
-        raise ConfigError(one_line(str(e)).rstrip(".") + cause) from None
+        raise composition_error(e) from None
+
+
+def composition_error(e: Exception) -> ConfigError:
+    """Hydra's or OmegaConf's error as one line: its first line only names the override ("Error merging override
+    x=.inf"); its cause says what is wrong."""
+    cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+    return ConfigError(one_line(str(e)).rstrip(".") + cause)
 
 
 def load(args: list) -> tuple:
@@ -56,8 +61,7 @@ def load(args: list) -> tuple:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("plan", overrides=plan)
     except (HydraException, OmegaConfBaseException) as e:
-        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
-        raise ConfigError(one_line(str(e)).rstrip(".") + cause) from None
+        raise composition_error(e) from None
     return resolved(cfg, path), train
 
 
