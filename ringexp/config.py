@@ -329,6 +329,20 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    # Validation macro-AUROC levels whose first crossing each run records (summary `targets`: step, samples seen,
+    # training seconds): an evaluation sees a crossing, so each is known to within eval_every steps (docs/outputs.md)
+    targets: List[float] = field(default_factory=lambda: [0.80, 0.85, 0.90])
+
+    def __post_init__(self):
+        t = list(self.targets)
+        need(len(t) >= 1, "eval.targets", t, "give at least one macro-AUROC level, e.g. [0.8,0.85,0.9]")
+        need(all(0 < x <= 1 for x in t), "eval.targets", t, "every level must be in (0, 1] (a macro-AUROC)")
+        need(all(a < b for a, b in zip(t, t[1:], strict=False)), "eval.targets", t,
+             "list the levels in increasing order, each once, e.g. [0.8,0.85,0.9]")
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -342,6 +356,7 @@ class TrainConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     # null: a fresh run; auto: continue from the newest complete checkpoint in the run directory (if any);
     # PATH: from that checkpoint (or the newest in that run directory)
     resume: Optional[str] = None
@@ -378,6 +393,9 @@ class BenchConfig:
     iters: int = 10
     min_time_s: float = 2.0  # more rounds (up to 20x iters) for sizes whose iters rounds take less
     warmup: int = 2
+    # seconds every rank waits before each timed round, as a training step computes before its all-reduce: a shaped
+    # link (tbf) saves tokens while idle, so back-to-back rounds alone can time it faster or slower than training sees
+    gap_s: float = 0.0
     segment_kb: Optional[int] = None  # null: the ring's automatic size
     nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size
     timeout_s: float = 300.0
@@ -399,6 +417,7 @@ class BenchConfig:
         need(not self.codec or min(self.sizes or [self.min_bytes]) >= 4, key, value,
              "codec=true times float32 tensors: every size must hold one element (>= 4 bytes)")
         need(self.warmup >= 0, "bench: warmup", self.warmup, "must be >= 0")
+        need(0 <= self.gap_s <= 60, "bench: gap_s", self.gap_s, "must be in [0, 60] seconds")
         need(all(n >= 1 for n in self.nprocs), "bench: nprocs", self.nprocs, "every world size must be >= 1")
         need(self.segment_kb is None or self.segment_kb >= 1, "bench: segment_kb", self.segment_kb, "must be >= 1")
         # both ends of each range: NaN fails every comparison, and an infinite time overflows in the workers
@@ -469,7 +488,10 @@ class PlanConfig:
     presets: List[str] = field(default_factory=list)  # predict: conf/parallel presets (empty: all but single)
     plot_presets: List[str] = field(default_factory=lambda: ["ddp", "hierarchical", "hierarchical_int8", "ring_fp16",
                                                              "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
-    quality_budget: float = 0.02  # predict: macro-AUROC a recommended compressor may lose (measured tables)
+    quality_budget: float = 0.02  # predict: the equivalence margin in macro-AUROC a recommended preset must meet
+    # predict: the quality verdicts' record (compare's quality.json) whose paired differences judge each preset;
+    # null: the slow-link story's, docs/results/cluster-story-quality.json
+    quality: Optional[str] = None
     out: Optional[str] = None  # predict: where plan.md/json/png go; calibrate: the cluster file to write
     nprocs: int = 2  # calibrate: local workers (under torchrun or Slurm: the job's own ranks)
     sizes: List[int] = field(default_factory=lambda: [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26])

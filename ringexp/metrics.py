@@ -23,8 +23,9 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 @torch.no_grad()
-def evaluate(model, loader, num_labels: int, device: torch.device, autocast, empty: torch.Tensor) -> dict:
-    """Validation loss, macro/micro AUROC and F1@0.5 over the whole validation set, every rank its shard.
+def evaluate(model, loader, num_labels: int, device: torch.device, autocast, empty: torch.Tensor) -> tuple:
+    """Validation loss, macro/micro AUROC and F1@0.5 over the whole validation set, every rank its shard; and the
+    scores behind them, (probabilities, labels) of every sample on the CPU, for the quality tests (ringexp.quality).
 
     The loader must hold a disjoint shard per rank (not DistributedSampler, which pads by repeating samples);
     the shards' predictions are gathered, uneven or empty (a shard whose images were all unreadable), so every
@@ -66,7 +67,7 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast, emp
     out["loss"] = float(loss_count[0] / loss_count[1])
     out["samples"] = int(loss_count[1])
     out["skipped_bad"] = int(loss_count[2])
-    return out
+    return out, (probs.cpu(), targets.to(torch.uint8).cpu())
 
 
 def quality(probs: torch.Tensor, targets: torch.Tensor, num_labels: int) -> dict:

@@ -41,7 +41,8 @@ class Recorder:
         # step's time) and "parts" (its split)}; the interval in progress: seconds and steps so far
         self.history, self.evals, self.intervals = [], [], []
         self.interval_s, self.interval_n = 0.0, 0
-        self.skipped_bad, self.elapsed0, self.sinks = 0, 0.0, None
+        # train_s: seconds of training steps so far (evaluations and checkpoints left out), what time to target counts
+        self.skipped_bad, self.elapsed0, self.train_s, self.sinks = 0, 0.0, 0.0, None
         # each step's end: on the host (intervals) and on the step's clock (the logged step's own time)
         self.t_start, self.t_prev, self.t_end = t_start, time.perf_counter(), time.perf_counter()
         self.m_prev = self.m_end = self.clock.now()
@@ -60,6 +61,7 @@ class Recorder:
         """What the summary needs of the steps before the checkpoint, from their metrics.jsonl rows."""
         self.history = [r["train/loss"] for r in rows if "train/loss" in r]
         self.evals = [{"step": r["step"]} | {k[4:]: v for k, v in r.items() if k.startswith("val/")}
+                      | {"train_s": r.get("train/train_s"), "elapsed_s": r.get("train/elapsed_s")}
                       for r in rows if "val/auroc_macro" in r]
         first = 1
         for r in rows:
@@ -69,6 +71,7 @@ class Recorder:
                                        "own": r.get("time/step_s", r["train/step_time_s"]), "parts": parts})
                 first = r["step"] + 1
         self.elapsed0 = rows[-1].get("train/elapsed_s", 0.0) if rows else 0.0
+        self.train_s = (rows[-1].get("train/train_s") or 0.0) if rows else 0.0
 
     def logs(self, step: int, due: bool = False) -> bool:
         """Every logger.log_every steps, and every step that is `due` to evaluate or checkpoint (the last among
@@ -115,18 +118,35 @@ class Recorder:
                 "comm/compression_ratio": self.wire_ratio, "train/skipped_steps": int(skipped_steps),
                 "data/skipped_bad": self.skipped_bad, "train/step_time_s": step_s,
                 "train/samples_per_s": self.global_batch / step_s,
-                "train/elapsed_s": self.elapsed0 + self.t_end - self.t_start,
+                "train/elapsed_s": self.elapsed(), "train/train_s": self.train_s,
                 "time/step_s": own} | {f"time/{k}": v for k, v in split.items()}
 
     def add_step(self) -> None:
         """Count the step that ends now into the interval in progress."""
         self.t_end, self.m_end = time.perf_counter(), self.clock.now()
         self.interval_s += self.t_end - self.t_prev
+        self.train_s += self.t_end - self.t_prev
         self.interval_n += 1
 
-    def evaluation(self, step: int, val: dict) -> dict:
-        self.evals.append({"step": step, **val})
+    def elapsed(self) -> float:
+        """Wall seconds from the run's start (set-up, evaluations and earlier attempts included) to the last step."""
+        return self.elapsed0 + self.t_end - self.t_start
+
+    def evaluation(self, step: int, val: dict, scores: tuple) -> dict:
+        """An evaluation after step `step`: its row entries; rank 0 keeps its scores (probabilities, labels) as the
+        final ones, and as the best ones too when its macro-AUROC is the run's best so far."""
+        best = not self.evals or val["auroc_macro"] > max(e["auroc_macro"] for e in self.evals)
+        self.evals.append({"step": step, **val, "train_s": self.train_s, "elapsed_s": self.elapsed()})
+        if self.env.is_main:
+            self.keep_scores(step, scores, best)
         return {f"val/{k}": v for k, v in val.items()}
+
+    def keep_scores(self, step: int, scores: tuple, best: bool) -> None:
+        probs, labels = scores
+        kept = records.read_scores(self.run_dir) if not best else None  # the best so far stays as it was
+        ours = {"step": step, "probs": probs}
+        records.write_scores(self.run_dir, {"labels": labels, "final": ours,
+                                            "best": ours if best or kept is None else kept["best"]})
 
     def write(self, row: dict, step: int) -> None:
         if self.sinks:
@@ -177,7 +197,8 @@ class Recorder:
         (ringexp.compare's COMPLETED) and the keys of a real run's summary (tests/test_records.py) stay fixed."""
         steady, warmup = self.steady()
         return (self.identity() | self.placement() | self.workload() | speed(steady, warmup, self.global_batch)
-                | outcome(self.history, self.evals)
+                | outcome(self.history, self.evals) | {"targets": reached(self.evals, self.cfg.eval.targets,
+                                                                       self.global_batch)}
                 # medians over the steady steps; ringexp.timing says how each part is measured
                 | {"time": time_split(steady, self.strategy.tips(self.cfg))}
                 | {"peak_memory_bytes": memory["peak_bytes"], "memory": memory} | self.wire_section()
@@ -225,6 +246,18 @@ def outcome(history: list, evals: list) -> dict:
     best = max(evals, key=lambda e: e["auroc_macro"]) if evals else {}
     return {"loss": {"first": history[0] if history else None, "last": history[-1] if history else None},
             "final": evaluated(final), "best": evaluated(best), "val_samples": final.get("samples")}
+
+
+def reached(evals: list, targets: list, global_batch: int) -> list:
+    """Per target macro-AUROC, the first evaluation at or above it: its step, the samples seen by then, and the
+    training seconds (steps only) and wall seconds (everything) to the end of that step; the times None when not
+    reached."""
+    out = []
+    for target in targets:
+        e = next((e for e in evals if e["auroc_macro"] >= target), None)
+        out.append({"auroc": target, "step": e and e["step"], "samples": e and e["step"] * global_batch,
+                    "train_s": e and e.get("train_s"), "elapsed_s": e and e.get("elapsed_s")})
+    return out
 
 
 def evaluated(e: dict) -> dict:

@@ -3,6 +3,7 @@
     summary.json     the run's outcome: the full summary, or {"status": "failed", "error": ...}
     metrics.jsonl    one JSON row per logged step (ringexp.sinks.JsonlSink appends them)
     checkpoints/     tensors written durably (fsync) and read with torch.load(weights_only=True)
+    val_scores.pt    the validation labels and the final and best evaluation's probabilities (write_scores)
     bench.json       ringexp.bench's rows (read back by ringexp.plan accuracy and scripts/gpu_check.py)
     trace_rank<r>.json  a profiler trace (profile.enabled=true)
 
@@ -15,6 +16,7 @@ inside a run directory, a symlink (which could lead anywhere).
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import stat
@@ -25,7 +27,7 @@ import torch
 
 from ringexp.errors import RunDirTaken
 
-METRICS, SUMMARY, BENCH = "metrics.jsonl", "summary.json", "bench.json"
+METRICS, SUMMARY, BENCH, SCORES = "metrics.jsonl", "summary.json", "bench.json", "val_scores.pt"
 SMALL = 16 << 20  # the most a JSON or YAML file ringexp reads may hold (summaries, meta.json, configs: kilobytes)
 ROWS = 2 << 30  # the most a metrics.jsonl may hold (a row is under 1 KB: millions of logged steps)
 TRACE = 1 << 30  # the most a profiler trace may hold (a few steps: megabytes; with every CUDA kernel, hundreds)
@@ -180,6 +182,23 @@ def save_tensors(path: Path, obj) -> None:
             f.flush()
             raise
         os.fsync(f.fileno())
+
+
+def write_scores(run_dir, scores: dict) -> None:
+    """val_scores.pt: the validation labels and the probabilities of the final and the best evaluation (what the
+    quality tests on the validation set need), replaced whole so that a reader never sees half of it."""
+    tmp = Path(run_dir, SCORES + ".tmp")
+    save_tensors(tmp, scores)
+    os.replace(tmp, Path(run_dir, SCORES))
+
+
+def read_scores(run_dir):
+    """val_scores.pt as written (tensors and plain values only, read like every record: a regular file of bounded
+    size), or None where the run kept none."""
+    path = Path(run_dir, SCORES)
+    if not os.path.lexists(path):
+        return None
+    return torch.load(io.BytesIO(read_bytes(path, SMALL)), map_location="cpu", weights_only=True)
 
 
 def load_tensors(path: Path):

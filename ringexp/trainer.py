@@ -207,9 +207,9 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict:
         """Validation loss, AUROC and F1 over the whole validation set (every rank its shard); their row entries."""
-        val = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device, self.autocast,
-                       self.no_samples)
-        return self.recorder.evaluation(step, val)
+        val, scores = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device, self.autocast,
+                               self.no_samples)
+        return self.recorder.evaluation(step, val, scores)
 
     def checkpoint(self, step: int) -> None:
         own = {"rng": checkpoint.rng_state(self.env.device), "comm": self.strategy.state_dict(),

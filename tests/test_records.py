@@ -60,7 +60,7 @@ SUMMARY_SHAPE = {
     "loss": "dict", "loss.first": "float", "loss.last": "float",
     **{k: v for part in ("final", "best") for k, v in
        {part: "dict", **typed("float", *(f"{part}.{m}" for m in METRICS)), f"{part}.step": "int"}.items()},
-    "val_samples": "int",
+    "val_samples": "int", "targets": "list",  # (its items: test_a_run_records_when_it_first_reached_each_target)
     "time": "dict", **typed("float", *(f"time.{k}" for k in ("step_s", *timing.PARTS))), "time.verdict": "str",
     "peak_memory_bytes": "int", "memory": "dict",
     **typed("int", *(f"memory.{k}" for k in ("peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes",
@@ -79,6 +79,9 @@ def shape(value: dict, prefix: str = "") -> dict:
         if isinstance(v, dict) and prefix + k not in OPEN:
             out |= shape(v, f"{prefix}{k}.")
     return out
+
+
+AUROC = {6: 0.86, 12: 0.81}  # the evaluations' macro-AUROC by step (TINY evaluates at steps 6 and 12)
 
 
 def recorder_worker(run_dir):
@@ -106,7 +109,8 @@ def recorder_worker(run_dir):
         evaluates = step % cfg.eval_every == 0 or step == cfg.steps
         row = rec.record(step, loss.detach(), 0.1, (t0, t1, rec.clock.now()), 0.001, 0, 0, due=evaluates)
         if evaluates:
-            row |= rec.evaluation(step, dict.fromkeys(METRICS, 0.5 + step / 100) | {"samples": 101})
+            scores = torch.rand(101, 5), (torch.rand(101, 5) < 0.3).to(torch.uint8)
+            row |= rec.evaluation(step, dict.fromkeys(METRICS, AUROC[step]) | {"samples": 101}, scores)
         rec.write(row, step)
         rec.step_done(excluded=evaluates)
     summary = rec.finish(state_bytes(model, opt), {})
@@ -121,7 +125,19 @@ def test_a_runs_summary_keeps_its_keys_and_types(tmp_path):
     written = records.read_summary(tmp_path)
     assert written == summary  # what the sinks (W&B) got is what summary.json holds
     assert shape(written) == SUMMARY_SHAPE
-    assert written["world_size"] == 2 and written["best"]["step"] == 12 and written["val_samples"] == 101
+    assert written["world_size"] == 2 and written["best"]["step"] == 6 and written["val_samples"] == 101
+    # targets: per eval.targets level the first evaluation at or above it (0.8 at step 6, not 12 where it is
+    # reached again; 0.9 never), its samples seen, and its training seconds, which leave the evaluations out and
+    # so are less than the wall seconds; val_scores.pt keeps the final (step 12) and the best (step 6) scores
+    got = {t["auroc"]: t for t in summary["targets"]}
+    assert list(got) == [0.8, 0.85, 0.9]
+    assert [got[t]["step"] for t in got] == [6, 6, None] and got[0.8]["samples"] == 6 * summary["global_batch_size"]
+    assert 0 < got[0.8]["train_s"] < got[0.8]["elapsed_s"] < summary["wall_time_s"]
+    assert got[0.9] == {"auroc": 0.9, "step": None, "samples": None, "train_s": None, "elapsed_s": None}
+    rows = {r["step"]: r for r in records.read_rows(tmp_path)}
+    assert rows[6]["train/train_s"] == got[0.8]["train_s"]  # a resumed run reads it back from its rows
+    kept = records.read_scores(tmp_path)
+    assert (kept["final"]["step"], kept["best"]["step"]) == (12, 6) and kept["labels"].shape == (101, 5)
 
 
 # --- the files scripts read back -----------------------------------------------------------------------------
