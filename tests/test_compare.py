@@ -21,7 +21,7 @@ from conftest import ROOT, TINY, run_cli
 from omegaconf import OmegaConf
 
 from ringexp import compare, records
-from ringexp.compare import load_local, report, unflatten
+from ringexp.compare import cells, groups, load_local, report, unflatten
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -232,7 +232,7 @@ def test_compare_lists_a_broken_run_as_unreadable_and_reports_the_others(tmp_pat
     assert len(failed) == 1 and failed[0].startswith(f"FAILED {bad}: {bad / name}: unreadable ("), out
     assert why in failed[0], failed[0]
     median = records.read_summary(real_run)["throughput"]["median"]
-    assert out[1].startswith("(all the same)*") and compare.fmt("samples/s", median) in out[1].split(), out
+    assert out[1].startswith("(all the same)*") and cells.fmt("samples/s", median) in out[1].split(), out
     md = (sweep / "compare.md").read_text()
     assert "| (all the same) (baseline) |" in md and f"{bad / name}: unreadable (" in md.split("Failed runs:")[1]
     assert (sweep / "throughput.png").read_bytes()[:8] == PNG
@@ -357,20 +357,20 @@ def test_seed_groups_join_the_runs_that_differ_only_in_seed(tmp_path):
     fake_run(sweep / "5", [*STORY, "+parallel=fsdp", "seed=1"], 18.6, 0.642)
     failed_run(sweep / "6", [*STORY, "+parallel=ddp", "seed=3"])
     failed_run(sweep / "7", [*STORY, "+parallel=hierarchical"])
-    groups = compare.seed_groups(load_local([sweep]))
-    got = [(g.label, g.seeds, [Path(r["dir"]).name for r in g.runs]) for g in groups]
+    found = groups.seed_groups(load_local([sweep]))
+    got = [(g.label, g.seeds, [Path(r["dir"]).name for r in g.runs]) for g in found]
     assert got == [("+parallel=ddp", ("0", "1", "2"), ["0", "1", "2"]),
                    ("+parallel=ddp compression=int8", ("1", "2"), ["3", "4"]),
                    ("+parallel=fsdp", ("1",), ["5"])], got
-    assert set(groups[1].overrides) == {*STORY, "+parallel=ddp", "compression=int8"}
-    one = compare.seed_groups(load_local([sweep / "0", sweep / "1"]))  # nothing but the seed differs
+    assert set(found[1].overrides) == {*STORY, "+parallel=ddp", "compression=int8"}
+    one = groups.seed_groups(load_local([sweep / "0", sweep / "1"]))  # nothing but the seed differs
     assert [(g.label, g.seeds) for g in one] == [("(all the same)", ("0", "1"))]
 
 
 def test_seed_group_numbers_are_the_mean_and_sample_sd_of_their_runs(tmp_path, capsys):
     """Each group's row: mean and sample standard deviation of throughput median, final and best macro-AUROC and
     final macro-F1 (computed here with statistics), the speed-up of its mean against the ddp group's, printed,
-    in groups.md and in groups.csv; without --groups the output is as before and no groups file is written."""
+    in compare.md and in groups.csv; where every group has one seed and --groups is not given, there are none."""
     sweep = tmp_path / "sweep"
     made = {"ddp": [(38.9, 0.639, 0.129), (38.7, 0.642, 0.178), (37.3, 0.637, 0.123)],
             "ddp_powersgd": [(76.4, 0.638, 0.147), (51.3, 0.643, 0.179), (69.0, 0.637, 0.122)],
@@ -383,7 +383,7 @@ def test_seed_group_numbers_are_the_mean_and_sample_sd_of_their_runs(tmp_path, c
     printed = group_table(out)
     with open(tmp_path / "out" / "groups.csv") as f:
         written = {r["group"]: r for r in csv.DictReader(f)}
-    md = (tmp_path / "out" / "groups.md").read_text()
+    md = (tmp_path / "out" / "compare.md").read_text().split("Seed groups:", 1)[1]
     ddp_tp = statistics.mean(m for m, _, _ in made["ddp"])
     for preset, seeds in made.items():
         label, cols = f"+parallel={preset}", list(zip(*seeds, strict=True))
@@ -394,7 +394,7 @@ def test_seed_group_numbers_are_the_mean_and_sample_sd_of_their_runs(tmp_path, c
             assert float(written[label][column]) == pytest.approx(mean, rel=1e-12), (label, column)
             sd_written = written[label][f"{column} sd"]  # empty for one seed: no sample sd
             assert sd_written == "" if sd is None else float(sd_written) == pytest.approx(sd, rel=1e-12), label
-            cell = compare.fmt(column, mean) + ("" if sd is None else f" ± {compare.fmt(column, sd)}")
+            cell = cells.fmt(column, mean) + ("" if sd is None else f" ± {cells.fmt(column, sd)}")
             assert printed[label][column] == cell, (label, column, printed[label])
             assert f" {cell} |" in md.split(label, 1)[1].splitlines()[0], (label, column)
         speed_up = statistics.mean(cols[0]) / ddp_tp
@@ -403,8 +403,8 @@ def test_seed_group_numbers_are_the_mean_and_sample_sd_of_their_runs(tmp_path, c
         assert printed[label]["seeds"] == str(len(seeds)) == written[label]["seeds"]
         assert printed[label]["seed values"] == " ".join(map(str, range(len(seeds))))
     assert "| +parallel=ddp (baseline) |" in md and "+parallel=ddp*" in out
-    assert compare.main([str(sweep), "--out", str(tmp_path / "plain")]) == 0
-    assert "Seed groups" not in capsys.readouterr().out and not (tmp_path / "plain" / "groups.md").exists()
+    assert compare.main([str(sweep / "ddp-0"), str(sweep / "fsdp-0"), "--out", str(tmp_path / "plain")]) == 0
+    assert "Seed groups" not in capsys.readouterr().out and not (tmp_path / "plain" / "groups.csv").exists()
 
 
 def test_fastest_prints_the_choice_of_the_group_with_the_highest_mean_throughput(tmp_path, capsys):
@@ -428,6 +428,7 @@ def test_fastest_prints_the_choice_of_the_group_with_the_highest_mean_throughput
 @pytest.mark.parametrize("where, args", [
     ("sweep", ["--fastest", "nosuch"]), ("sweep", ["--fastest", ""]), ("sweep", ["--fastest", "parallel", "--groups"]),
     ("sweep", ["--fastest"]), ("sweep", ["--groups=yes"]), ("sweep", ["--no-such-flag"]),
+    ("sweep", ["--quality-budget", "-0.01"]), ("sweep", ["--quality-budget", "nan"]), ("sweep", ["--baseline", "nosuch"]),
     ("failed", ["--fastest", "parallel"])])  # nothing completed to choose from
 def test_compare_rejects_a_bad_flag_with_one_line(tmp_path, capsys, where, args):
     fake_run(tmp_path / "sweep" / "0", [*STORY, "+parallel=ddp"], 38.9, 0.64)
@@ -435,6 +436,7 @@ def test_compare_rejects_a_bad_flag_with_one_line(tmp_path, capsys, where, args)
     assert exit_code([str(tmp_path / where), *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and err.startswith("ringexp: error: "), (args, err)
+    assert not (tmp_path / where / "compare.md").exists()  # nothing written
 
 
 def old_fastest(presets: Path) -> str:
@@ -485,7 +487,7 @@ def test_compare_answers_what_cluster_story_computed_itself(tmp_path, capsys):
         assert row["final AUROC"].split(" ± ")[0] == f"{au[preset]:.3f}", row
     assert (ddp["speed-up"], fast["speed-up"]) == ("1.00x", f"{tp[best] / tp['ddp']:.2f}x")
     assert fast["AUROC vs baseline"] == f"{au[best] - au['ddp']:+.3f}"
-    groups = {g.label: g for g in compare.seed_groups(load_local([out / "presets", out / "seeds"]))}
+    found = {g.label: g for g in groups.seed_groups(load_local([out / "presets", out / "seeds"]))}
     for preset in ("ddp", best):  # the same arithmetic, not only the same rounding
-        assert groups[f"+parallel={preset}"].mean("samples/s") == tp[preset]
-        assert groups[f"+parallel={preset}"].mean("final AUROC") == au[preset]
+        assert found[f"+parallel={preset}"].mean("samples/s") == tp[preset]
+        assert found[f"+parallel={preset}"].mean("final AUROC") == au[preset]

@@ -10,9 +10,15 @@ FIFO, a symlink, a summary lacking or mistyping what the table reads) as unreada
 the other runs are reported as before. Every sweep of `ringexp.train -m` ends with this report written
 into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
 
-`--groups` adds one row per seed group: the completed runs whose overrides are the same but for `seed=` (a run
-without one has the schema's default seed), with the mean and sample standard deviation over the group's runs and
-the speed-up of its mean throughput against the group holding the baseline row (groups.md, groups.csv).
+Seed groups (ringexp.compare.groups; always where a group has several seeds, else with `--groups`): the completed
+runs whose overrides are the same but for `seed=` (a run without one has the schema's default seed), one row each
+with the mean and sample standard deviation over its runs, the speed-up of its mean throughput and its time to each
+eval.targets macro-AUROC against the group holding the baseline row, and its quality verdict against that group
+(ringexp.quality: *equivalent*, *better*, *worse*, *not equivalent* or *inconclusive*, with the 95% interval of the
+difference; `--quality-budget`, 0.02, is the margin): over the seeds both share when they share two or more, else on
+the validation set from one run of each. The table goes into compare.md, its numbers into groups.csv and the
+verdicts into quality.json (what `ringexp.plan predict` reads); with `--wandb` each run's verdict goes into its W&B
+summary too.
 `--fastest CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with
 the highest mean throughput, for a shell script to use; it writes nothing.
 """
@@ -22,9 +28,7 @@ import csv
 import io
 import json
 import os
-import statistics
 import sys
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -32,13 +36,15 @@ from hydra.experimental.callback import Callback
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import backend, compress, parallel, records
+from ringexp.compare import groups as seeds
+from ringexp.compare.cells import aligned, fmt, is_text
 from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml, yaml_text
 from ringexp.errors import ConfigError, print_error, print_warning
 from ringexp.models import build_model
 from ringexp.plotting import pyplot
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
-GROUP_OUTPUTS = ("groups.md", "groups.csv")  # with --groups
+GROUP_OUTPUTS = ("groups.csv", seeds.QUALITY_FILE)  # with seed groups
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute ms", "exposed comm ms",
         "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
 PREDICTED = ["predicted comm ms", "predicted step ms", "step error"]  # runs on a calibrated cluster only
@@ -48,19 +54,8 @@ YAML_LIMIT = 64 << 10  # the most a YAML file compare reads may hold: a run's ho
 BIG = 1e300  # a number beyond it (or an integer too big for a float) would overflow the table's arithmetic
 
 
-def _text(v) -> bool:
-    """str that can be written out as UTF-8 (JSON can hold a lone surrogate, "\\ud800", which cannot)."""
-    if not isinstance(v, str):
-        return False
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _text_map(v) -> bool:
-    return isinstance(v, dict) and all(_text(x) for item in v.items() for x in item)
+    return isinstance(v, dict) and all(is_text(x) for item in v.items() for x in item)
 
 
 def _backend_record(v) -> bool:
@@ -73,19 +68,29 @@ def _backend_record(v) -> bool:
 # checked once, when a run is loaded, so that the report can rely on them. A key may be absent or null unless
 # REQUIRED.
 KINDS = {
-    "text": _text,
+    "text": is_text,
     "a number": lambda v: type(v) in (int, float) and -BIG < v < BIG,  # not bool, NaN or infinite
     "a number >= 0": lambda v: type(v) in (int, float) and 0 <= v < BIG,
     "a count >= 1": lambda v: type(v) is int and 1 <= v < BIG,
     "a mapping": lambda v: isinstance(v, dict),
-    "a list of text": lambda v: isinstance(v, list) and all(map(_text, v)),
+    "a list of text": lambda v: isinstance(v, list) and all(map(is_text, v)),
     "a backend record": _backend_record,
+    "a list of targets": lambda v: isinstance(v, list) and all(_target(t) for t in v),
 }
+
+
+def _target(t) -> bool:
+    """One entry of a summary's `targets` (ringexp.recorder.reached): a level in (0, 1] and, once reached, its
+    step, samples and seconds."""
+    return (isinstance(t, dict) and type(t.get("auroc")) in (int, float) and 0 < t["auroc"] <= 1
+            and all(t.get(k) is None or KINDS["a number >= 0"](t[k]) for k in ("step", "samples", "train_s",
+                                                                              "elapsed_s")))
 EVERY_RUN = {"status": "text", "error": "text", "overrides": "a list of text"}
 COMPLETED = {
     "throughput": "a mapping", **{f"throughput.{k}": "a number >= 0" for k in ("median", "p10", "p90")},
     "final": "a mapping", "final.auroc_macro": "a number >= 0", "final.f1_macro": "a number >= 0",
-    "best": "a mapping", "best.auroc_macro": "a number >= 0",
+    "best": "a mapping", "best.auroc_macro": "a number >= 0", "best.f1_macro": "a number >= 0",
+    "targets": "a list of targets",
     "time": "a mapping", "time.verdict": "text", "time.other_s": "a number",  # what the parts leave unexplained
     **{f"time.{k}": "a number >= 0" for k in ("step_s", "data_s", "compute_s", "comm_s", "exposed_comm_s",
                                               "optimizer_s", "overlap")},
@@ -199,7 +204,7 @@ def load_wandb(path: str, group: str) -> list:
             runs.append({"dir": r.url, "summary": unreadable(r.url, ValueError(bad)), "rows": []})
             continue
         rows = [{"step": h.get("_step"), **h} for h in r.scan_history()]
-        runs.append({"dir": r.url, "summary": summary, "rows": rows})
+        runs.append({"dir": r.url, "summary": summary, "rows": rows, "api": r})
     return runs
 
 
@@ -253,15 +258,18 @@ def table(runs, baseline: str | None = None, clusters=()):
             "final AUROC": s["final"].get("auroc_macro"), "best AUROC": s["best"].get("auroc_macro"),
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
-            "verdict": t.get("verdict"), "backend env": backend_env(s),
+            "verdict": t.get("verdict"), "backend env": backend_env(s), "_run": run,
         } | predicted(run, clusters))
     return rows, failed, base
 
 
 def baseline_index(done, baseline: str | None) -> int:
-    """The speed-up baseline among completed (label, run) pairs: the first whose label contains `baseline`, else
-    the first ddp run, else the first."""
+    """The speed-up baseline among completed (label, run) pairs: the first whose label contains `baseline`
+    (ValueError if none does), else the first ddp run, else the first."""
     base = next((i for i, (label, _) in enumerate(done) if baseline and baseline in label), None)
+    if base is None and baseline:
+        raise ValueError(f"--baseline {baseline}: no completed run's label contains it (labels: "
+                         f"{', '.join(label for label, _ in done)})")
     if base is None:
         base = next((i for i, (_, r) in enumerate(done) if r["summary"].get("job_type") == "ddp"), 0)
     return base
@@ -318,29 +326,13 @@ def _ms(seconds):
     return None if seconds is None else 1e3 * seconds
 
 
-def fmt(key: str, value) -> str:
-    if value is None:
-        return "-"
-    if key in ("comm share", "overlap"):
-        return f"{value:.0%}"
-    if key == "step error":
-        return f"{value:+.0%}"
-    if key == "AUROC vs baseline":
-        return f"{value:+.3f}"
-    if key == "speed-up":
-        return f"{value:.2f}x"
-    if key.endswith("AUROC") or key.endswith("F1"):
-        return f"{value:.3f}"
-    if isinstance(value, float):
-        return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
-    return str(value)
-
-
 def columns(rows) -> list:
-    """HEAD, the backend's variables where the runs differ in them, the predictions where there are any."""
+    """HEAD, the backend's variables where the runs differ in them, the predictions where there are any, the
+    quality verdict of each run's seed group where the groups were judged."""
     differ = len({r.get("backend env") for r in rows}) > 1
-    return HEAD + (["backend env"] if differ else []) + (PREDICTED if any("predicted step ms" in r for r in rows)
-                                                         else [])
+    return (HEAD + (["backend env"] if differ else []) + (PREDICTED if any("predicted step ms" in r for r in rows)
+                                                          else []) + (["quality"] if any("quality" in r for r in rows)
+                                                                      else []))
 
 
 def markdown(rows, failed, base) -> str:
@@ -367,13 +359,6 @@ def text(rows, failed, base) -> str:
     return "\n".join(lines) + "\n"
 
 
-def aligned(cells) -> list:
-    """Rows of cells as lines of columns: the first left-aligned, the others right-aligned."""
-    widths = [max(len(c[j]) for c in cells) for j in range(len(cells[0]))]
-    return ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True)))
-            for row in cells]
-
-
 def write_csv(rows, failed, path: Path) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -382,131 +367,6 @@ def write_csv(rows, failed, path: Path) -> None:
     w.writerows([[r.get(k) for k in head] + ["completed", ""] for r in rows])
     w.writerows([[label] + [""] * (len(head) - 1) + ["failed", error] for label, error in failed])
     path.write_text(buf.getvalue())
-
-
-# What a seed group averages: its column, and where a completed run's summary holds it (checked by COMPLETED).
-GROUP_METRICS = {"samples/s": "throughput.median", "final AUROC": "final.auroc_macro",
-                 "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro"}
-GROUP_HEAD = ["group", "seeds", "seed values", "samples/s", "speed-up", "final AUROC", "AUROC vs baseline",
-              "best AUROC", "final F1"]
-GROUP_CSV = ["group", "seeds", "seed values", "samples/s", "samples/s sd", "speed-up", "final AUROC",
-             "final AUROC sd", "AUROC vs baseline", "best AUROC", "best AUROC sd", "final F1", "final F1 sd"]
-SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); speed-up and "
-          "AUROC vs baseline compare the means")
-DEFAULT_SEED = str(next(f.default for f in fields(TrainConfig) if f.name == "seed"))  # a run without seed=
-
-
-@dataclass(frozen=True)
-class Group:
-    """Completed runs whose configurations differ only in their seed. `label`: the overrides that differ between
-    the groups compared; `overrides`: the group's own (without seed=, name=, hydra.*), in its first run's order;
-    `runs`: load_local's dicts, in path order; `seeds`: each run's seed, as text (its override's value)."""
-
-    label: str
-    overrides: tuple
-    runs: tuple
-    seeds: tuple
-
-    def values(self, column: str) -> list:
-        """The runs' numbers of a GROUP_METRICS column; a run that did not record it (no evaluation) left out."""
-        outer, inner = GROUP_METRICS[column].split(".")
-        return [v for r in self.runs if (v := r["summary"][outer].get(inner)) is not None]
-
-    def mean(self, column: str):
-        v = self.values(column)
-        return statistics.mean(v) if v else None
-
-    def sd(self, column: str):
-        """The sample standard deviation (n - 1); None for fewer than two values."""
-        v = self.values(column)
-        return statistics.stdev(v) if len(v) > 1 else None
-
-
-def is_seed(override: str) -> bool:
-    """seed=N, also as Hydra's +seed=N or ++seed=N."""
-    return override.lstrip("+").split("=", 1)[0] == "seed"
-
-
-def seed_groups(runs) -> list:
-    """The completed runs as seed groups, in the order of each group's first run. A run's overrides are compared
-    as a set: Hydra records them in command-line order, which two sweeps of one configuration may not share."""
-    by = {}
-    for run in runs:
-        s = run["summary"]
-        if s.get("status") != "completed":
-            continue
-        own = [o for o in s.get("overrides") or [] if not o.startswith(("name=", "hydra."))]
-        seed = next((o.split("=", 1)[1] for o in own if is_seed(o)), DEFAULT_SEED)
-        rest = [o for o in own if not is_seed(o)]
-        by.setdefault(tuple(sorted(rest)), (rest, []))[1].append((run, seed))
-    common = set.intersection(*map(set, by)) if by else set()
-    return [Group(" ".join(o for o in rest if o not in common) or "(all the same)", tuple(rest),
-                  tuple(run for run, _ in members), tuple(seed for _, seed in members))
-            for rest, members in by.values()]
-
-
-def baseline_group(runs, groups, baseline: str | None) -> int | None:
-    """The index of the group holding table()'s baseline row (the same rule: --baseline TEXT, else ddp)."""
-    done = [(label, r) for label, r in zip(labels(runs), runs, strict=True)
-            if r["summary"].get("status") == "completed"]
-    if not done:
-        return None
-    run = done[baseline_index(done, baseline)][1]
-    return next(i for i, g in enumerate(groups) if any(r is run for r in g.runs))
-
-
-def group_rows(groups, base: int | None) -> list:
-    """One row per group: the mean and sample standard deviation of each GROUP_METRICS column, and the speed-up
-    and final macro-AUROC against the baseline group's means."""
-    rows = [{"group": g.label, "seeds": len(g.runs), "seed values": " ".join(g.seeds)}
-            | {k: v for col in GROUP_METRICS for k, v in ((col, g.mean(col)), (f"{col} sd", g.sd(col)))}
-            for g in groups]
-    ref = rows[base] if base is not None else {}
-    for row in rows:
-        tp, ref_tp = row["samples/s"], ref.get("samples/s")
-        auroc, ref_auroc = row["final AUROC"], ref.get("final AUROC")
-        row["speed-up"] = tp / ref_tp if tp is not None and ref_tp else None
-        row["AUROC vs baseline"] = auroc - ref_auroc if None not in (auroc, ref_auroc) else None
-    return rows
-
-
-def group_cell(row: dict, key: str) -> str:
-    sd = row.get(f"{key} sd")
-    return fmt(key, row.get(key)) + ("" if sd is None else f" ± {fmt(key, sd)}")
-
-
-def groups_report(runs, out: Path | None, baseline: str | None) -> str:
-    """Write groups.md and groups.csv into `out` (if given); return the terminal's table of the seed groups."""
-    groups = seed_groups(runs)
-    base = baseline_group(runs, groups, baseline)
-    rows = group_rows(groups, base)
-    if out is not None:
-        md = ["| " + " | ".join(GROUP_HEAD) + " |", "|" + "---|" * len(GROUP_HEAD)]
-        md += ["| " + " | ".join(group_cell(r, k) + (" (baseline)" if k == "group" and i == base else "")
-                                 for k in GROUP_HEAD) + " |" for i, r in enumerate(rows)]
-        (out / "groups.md").write_text("\n".join(md + ["", SPREAD]) + "\n")
-        buf = io.StringIO()
-        csv.writer(buf).writerows([GROUP_CSV] + [[r.get(k) for k in GROUP_CSV] for r in rows])
-        (out / "groups.csv").write_text(buf.getvalue())
-    cells = [GROUP_HEAD] + [[group_cell(r, k) + ("*" if k == "group" and i == base else "") for k in GROUP_HEAD]
-                            for i, r in enumerate(rows)]
-    return "\n".join(aligned(cells) + [f"* baseline of the speed-up column; {SPREAD}"]) + "\n"
-
-
-def fastest(runs, choice: str) -> str:
-    """The value of choice `choice` (summary `choices`) of the seed group with the highest mean throughput (its
-    first run's; the first such group on a tie)."""
-    groups = [g for g in seed_groups(runs) if g.mean("samples/s") is not None]
-    if not groups:
-        raise ValueError("--fastest: no completed run with a throughput among the runs given")
-    best = max(groups, key=lambda g: g.mean("samples/s"))
-    choices = best.runs[0]["summary"].get("choices")
-    value = choices.get(choice) if isinstance(choices, dict) else None
-    if not _text(value):
-        known = ", ".join(sorted(k for k in choices if _text(k))) if isinstance(choices, dict) else "none recorded"
-        raise ValueError(f"--fastest {choice}: the fastest group ({best.label}) has no choice {choice} in its "
-                         f"summary (its choices: {known})")
-    return value
 
 
 def plots(runs, rows, out: Path) -> None:
@@ -557,17 +417,58 @@ def plots(runs, rows, out: Path) -> None:
     plt.close(fig)
 
 
-def report(runs, out: Path | None, baseline: str | None = None, groups: bool = False, clusters=()) -> str:
-    """Write compare.md, compare.csv and the plots into `out` (if given), with `groups` groups.md and groups.csv
-    too; return the terminal table (then, with `groups`, the seed groups' table)."""
+def report(runs, out: Path | None, baseline: str | None = None, groups: bool | None = None, clusters=(),
+           margin: float = 0.02) -> str:
+    """Write compare.md, compare.csv and the plots into `out` (if given), and with seed groups (`groups`; None:
+    where a group has several seeds) groups.csv and quality.json; return the terminal table (then the groups')."""
+    return reported(runs, out, baseline, groups, clusters, margin)[0]
+
+
+def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, clusters, margin: float) -> tuple:
+    """report()'s (text, the seed groups' Report or None)."""
     rows, failed, base = table(runs, baseline, clusters)
+    judged = judge_groups(runs, rows, base, margin) if rows and groups is not False else None
+    if judged is not None and groups is None and all(r["seeds"] < 2 for r in judged.rows):
+        judged = None
+    if judged is not None:
+        words = {id(run): row["quality"] for row in judged.rows for run in row["_runs"]}
+        for r in rows:
+            r["quality"] = words.get(id(r["_run"]))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "compare.md").write_text(markdown(rows, failed, base))
+        (out / "compare.md").write_text(markdown(rows, failed, base)
+                                        + (f"\nSeed groups:\n\n{judged.markdown()}" if judged else ""))
         write_csv(rows, failed, out / "compare.csv")
         if rows:
             plots(runs, rows, out)
-    return text(rows, failed, base) + ("\nSeed groups:\n" + groups_report(runs, out, baseline) if groups else "")
+        if judged is not None:
+            judged.write(out)
+    if judged is not None and any("api" in run for run in runs):
+        to_wandb(judged)
+    return text(rows, failed, base) + (f"\nSeed groups:\n{judged.text()}" if judged else ""), judged
+
+
+def judge_groups(runs, rows, base: int, margin: float):
+    """The seed groups' report, the group of the baseline row as its baseline (seed groups only where the seed is
+    left out: a run of every seed of a group is in it)."""
+    groups = seeds.seed_groups(runs)
+    judged = seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
+    for g, row in zip(groups, judged.rows, strict=True):
+        row["_runs"] = g.runs
+    return judged
+
+
+def to_wandb(judged) -> None:
+    """Each W&B run's group verdict into its W&B summary (compare --wandb): quality/* keys."""
+    for row in judged.rows:
+        head = row["_verdicts"].get(seeds.QUALITY[0])
+        keys = {"quality/verdict": row["quality"], "quality/group": row["group"]}
+        if head is not None:
+            keys |= {"quality/diff": head.diff, "quality/ci95_low": head.ci95[0], "quality/ci95_high": head.ci95[1],
+                     "quality/margin": head.margin, "quality/test": head.test}
+        for run in row["_runs"]:
+            if "api" in run:
+                run["api"].summary.update(keys)
 
 
 class SweepReport(Callback):
@@ -601,12 +502,17 @@ def main(argv=None) -> int:
     ap.add_argument("--group", help="with --wandb: the sweep's W&B group")
     ap.add_argument("--cluster", action="append", default=[], metavar="PATH",
                     help="a cluster file (ringexp.plan calibrate's) besides conf/cluster/: runs on it get predictions")
-    ap.add_argument("--groups", action="store_true",
-                    help="also one row per seed group (runs differing only in seed=), into groups.md/.csv")
+    ap.add_argument("--groups", action="store_const", const=True, help="seed groups (runs differing only in "
+                    "seed=: one row each, with time to target and the quality verdict) even where every group has "
+                    "one seed; without it they are shown where a group has several")
+    ap.add_argument("--quality-budget", type=float, default=0.02, metavar="MARGIN",
+                    help="the equivalence margin of the quality verdicts, in macro-AUROC (and macro-F1): 0.02")
     ap.add_argument("--fastest", metavar="CHOICE", help="print only the value of choice CHOICE (e.g. parallel) of "
                     "the seed group with the highest mean throughput; nothing else is printed or written")
     args = ap.parse_args(argv)
     try:
+        if not 0 <= args.quality_budget < 1:  # (NaN fails both)
+            raise ValueError(f"--quality-budget {args.quality_budget}: give a margin in [0, 1), e.g. 0.02")
         if args.fastest is not None and (args.groups or not args.fastest):
             raise ValueError("--fastest CHOICE names a choice such as parallel, and prints its value alone "
                              "(without --groups)")
@@ -621,21 +527,19 @@ def main(argv=None) -> int:
         if not runs:
             raise ValueError(f"no runs (summary.json) under {' '.join(args.paths) or args.group}")
         if args.fastest is not None:
-            print(fastest(runs, args.fastest))
+            print(seeds.fastest(runs, args.fastest))
             return 0
     except (ValueError, FileNotFoundError) as e:
         print_error(str(e))
         return 2
     out = Path(args.out) if args.out else (Path(args.paths[0]) if len(args.paths) == 1 else None)
     try:
-        print(report(runs, out, args.baseline, args.groups, args.cluster), end="")
-    except ValueError as e:  # a --cluster file that cannot be read: before anything is written
+        shown, judged = reported(runs, out, args.baseline, args.groups, args.cluster, args.quality_budget)
+    except ValueError as e:  # a --cluster file that cannot be read, a --baseline no run matches: nothing written
         print_error(str(e))
         return 2
+    print(shown, end="")
     if out is not None:
-        print(f"ringexp: wrote {', '.join(OUTPUTS + (GROUP_OUTPUTS if args.groups else ()))} in {out}")
+        print(f"ringexp: wrote {', '.join(OUTPUTS + (GROUP_OUTPUTS if judged else ()))} in {out}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from ringexp.compare import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""How compare writes a value: as text that can be written anywhere, and as a cell of a table."""
+
+
+def is_text(v) -> bool:
+    """str that can be written out as UTF-8 (JSON can hold a lone surrogate, "\\ud800", which cannot)."""
+    if not isinstance(v, str):
+        return False
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def fmt(key: str, value) -> str:
+    """A table's cell: a share as a percentage, a ratio with x, a quality metric to 3 places."""
+    if value is None:
+        return "-"
+    if key in ("comm share", "overlap"):
+        return f"{value:.0%}"
+    if key == "step error":
+        return f"{value:+.0%}"
+    if key == "AUROC vs baseline":
+        return f"{value:+.3f}"
+    if key == "speed-up" or key.endswith(" x"):
+        return f"{value:.2f}x"
+    if key.endswith("AUROC") or key.endswith("F1"):
+        return f"{value:.3f}"
+    if isinstance(value, float):
+        return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def aligned(cells) -> list:
+    """Rows of cells as lines of columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(c[j]) for c in cells) for j in range(len(cells[0]))]
+    return ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True)))
+            for row in cells]
+
+
+def markdown_table(head: list, cells: list) -> list:
+    """Lines of a markdown table of `cells` (rows of text) under `head`."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(c) + " |" for c in cells]

@@ -1,0 +1,260 @@
+"""Seed groups: the completed runs whose overrides are the same but for `seed=`, one row each, judged against the
+baseline's group.
+
+    seed_groups(runs)                     the groups, in the order of each one's first run
+    judge(group, base, margin)            {metric: Verdict} on QUALITY, from the seeds both share (two or more:
+                                          paired over seeds), else from one run each on the validation set
+    report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
+                                          write() makes groups.csv and quality.json (what the planner reads)
+
+Time to target is the training seconds (steps only: evaluation and checkpoints left out) to the first evaluation at
+or above each eval.targets level, from each run's summary `targets`; a group's is the mean over the seeds that
+reached it, and its ratio is the baseline group's mean over it (above 1: reached sooner).
+"""
+
+import csv
+import io
+import statistics
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from ringexp import quality, records
+from ringexp.compare.cells import aligned, fmt, is_text, markdown_table
+from ringexp.config import TrainConfig
+
+# What a seed group averages: its column, and where a completed run's summary holds it (checked by COMPLETED).
+GROUP_METRICS = {"samples/s": "throughput.median", "final AUROC": "final.auroc_macro",
+                 "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro", "best F1": "best.f1_macro"}
+QUALITY = ("final AUROC", "best AUROC", "final F1", "best F1")  # judged against the baseline; the first is the headline
+HEAD = ["group", "seeds", "seed values", "samples/s", "speed-up", "final AUROC", "AUROC vs baseline", "quality",
+        "95% interval", "best AUROC", "final F1"]
+SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); speed-up, "
+          "AUROC vs baseline and time-to-target ratios compare the means; time to target in training seconds")
+DEFAULT_SEED = str(next(f.default for f in fields(TrainConfig) if f.name == "seed"))  # a run without seed=
+QUALITY_FILE = "quality.json"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Completed runs whose configurations differ only in their seed. `label`: the overrides that differ between
+    the groups compared; `overrides`: the group's own (without seed=, name=, hydra.*), in its first run's order;
+    `runs`: load_local's dicts, in path order; `seeds`: each run's seed, as text (its override's value)."""
+
+    label: str
+    overrides: tuple
+    runs: tuple
+    seeds: tuple
+
+    def values(self, column: str) -> list:
+        """The runs' numbers of a GROUP_METRICS column; a run that did not record it (no evaluation) left out."""
+        return [v for r in self.runs if (v := value(r, column)) is not None]
+
+    def mean(self, column: str):
+        v = self.values(column)
+        return statistics.mean(v) if v else None
+
+    def sd(self, column: str):
+        """The sample standard deviation (n - 1); None for fewer than two values."""
+        v = self.values(column)
+        return statistics.stdev(v) if len(v) > 1 else None
+
+    def by_seed(self) -> dict:
+        """{seed: its first run}."""
+        out = {}
+        for run, seed in zip(self.runs, self.seeds, strict=True):
+            out.setdefault(seed, run)
+        return out
+
+    def reached(self, target: float) -> tuple:
+        """(training seconds to `target` of the runs that reached it, how many runs recorded targets at all)."""
+        got, recorded = [], 0
+        for r in self.runs:
+            entry = next((t for t in r["summary"].get("targets") or [] if t["auroc"] == target), None)
+            recorded += entry is not None
+            if entry is not None and entry.get("train_s") is not None:
+                got.append(entry["train_s"])
+        return got, recorded
+
+
+def value(run: dict, column: str):
+    outer, inner = GROUP_METRICS[column].split(".")
+    return run["summary"][outer].get(inner)
+
+
+def is_seed(override: str) -> bool:
+    """seed=N, also as Hydra's +seed=N or ++seed=N."""
+    return override.lstrip("+").split("=", 1)[0] == "seed"
+
+
+def seed_groups(runs) -> list:
+    """The completed runs as seed groups, in the order of each group's first run. A run's overrides are compared
+    as a set: Hydra records them in command-line order, which two sweeps of one configuration may not share."""
+    by = {}
+    for run in runs:
+        s = run["summary"]
+        if s.get("status") != "completed":
+            continue
+        own = [o for o in s.get("overrides") or [] if not o.startswith(("name=", "hydra."))]
+        seed = next((o.split("=", 1)[1] for o in own if is_seed(o)), DEFAULT_SEED)
+        rest = [o for o in own if not is_seed(o)]
+        by.setdefault(tuple(sorted(rest)), (rest, []))[1].append((run, seed))
+    common = set.intersection(*map(set, by)) if by else set()
+    return [Group(" ".join(o for o in rest if o not in common) or "(all the same)", tuple(rest),
+                  tuple(run for run, _ in members), tuple(seed for _, seed in members))
+            for rest, members in by.values()]
+
+
+def group_of(groups, run) -> int | None:
+    """The index of the group holding `run` (None for a run in none: not completed)."""
+    return next((i for i, g in enumerate(groups) if any(r is run for r in g.runs)), None)
+
+
+def judge(group: Group, base: Group, margin: float) -> tuple:
+    """({metric of QUALITY: Verdict or None}, a note or None) of `group` against `base`: paired over the seeds
+    both have when they share two or more, else on the validation set from one run of each (the note says so)."""
+    shared = [s for s in dict.fromkeys(group.seeds) if s in base.seeds]
+    mine, theirs = group.by_seed(), base.by_seed()
+    if len(shared) >= 2:
+        out = {}
+        for m in QUALITY:
+            d = [a - b for s in shared if None not in (a := value(mine[s], m), b := value(theirs[s], m))]
+            out[m] = quality.paired_seeds(d, margin) if len(d) >= 2 else None
+        return out, None
+    seed, other = (shared[0], shared[0]) if shared else (group.seeds[0], base.seeds[0])
+    why = f"one shared seed ({seed})" if shared else f"no seed shared with the baseline (seed {seed} against {other})"
+    verdicts, missing = on_validation_set(mine[seed], theirs[other], margin, f"seed {seed} vs {other}")
+    return verdicts, f"{why}: tested on the validation set" + (f" ({missing})" if missing else "")
+
+
+def on_validation_set(run: dict, base: dict, margin: float, what: str) -> tuple:
+    """({metric: Verdict or None}, what was missing or '') from the two runs' val_scores.pt: the final scores for
+    the final metrics, the best ones for the best metrics where they are those of the summary's best step."""
+    out = dict.fromkeys(QUALITY)
+    try:
+        mine, theirs = records.read_scores(run["dir"]), records.read_scores(base["dir"])
+    except (OSError, ValueError, RuntimeError) as e:
+        return out, f"validation scores unreadable: {e}"
+    if mine is None or theirs is None:
+        return out, "a run kept no validation scores (val_scores.pt)"
+    labels = mine["labels"].numpy()
+    if labels.shape != theirs["labels"].shape or not np.array_equal(labels, theirs["labels"].numpy()):
+        return out, "the runs were validated on different samples"
+    for when in ("final", "best"):
+        steps = [r["summary"][when].get("step") for r in (run, base)]
+        if when == "best" and [mine["best"]["step"], theirs["best"]["step"]] != steps:
+            continue  # (a resumed run whose kept best came from the attempt it redid)
+        auroc, f1 = quality.validation_set(mine[when]["probs"].numpy(), theirs[when]["probs"].numpy(), labels,
+                                           margin, what)
+        out[f"{when} AUROC"], out[f"{when} F1"] = auroc, f1
+    return out, ""
+
+
+@dataclass
+class Report:
+    """The seed groups' rows (dicts of numbers and verdicts), their verdict lines, and `targets` (the eval.targets
+    levels any run recorded)."""
+
+    rows: list
+    lines: list
+    targets: list
+    base: int | None
+    margin: float
+
+    def head(self) -> list:
+        return HEAD + [k for t in self.targets for k in (f"to {t:g} s", f"to {t:g} x")]
+
+    def cells(self, row: dict, mark: str) -> list:
+        return [cell(row, k) + (mark if k == "group" and row is self.rows[self.base] else "") for k in self.head()]
+
+    def text(self) -> str:
+        cells = [self.head()] + [self.cells(r, "*") for r in self.rows]
+        return "\n".join(aligned(cells) + [f"* baseline; {SPREAD}", *self.lines]) + "\n"
+
+    def markdown(self) -> str:
+        table = markdown_table(self.head(), [self.cells(r, " (baseline)") for r in self.rows])
+        return "\n".join(table + ["", SPREAD, "", *self.lines]) + "\n"
+
+    def write(self, out: Path) -> None:
+        """groups.csv (every number: the verdicts' intervals and tests, spreads, seeds reached) and quality.json."""
+        head = [k for k in dict.fromkeys(k for r in self.rows for k in r) if not k.startswith("_")]
+        buf = io.StringIO()
+        csv.writer(buf).writerows([head] + [[r.get(k) for k in head] for r in self.rows])
+        (out / "groups.csv").write_text(buf.getvalue())
+        records.write_json(out / QUALITY_FILE, {"margin": self.margin, "metric": QUALITY[0], "groups": [
+            {"group": r["group"], "baseline": i == self.base, "overrides": r["_overrides"], "choices": r["_choices"],
+             "seeds": r["seed values"].split(), "samples_s": r["samples/s"], "speed_up": r["speed-up"],
+             "verdicts": {m: v and v.record() for m, v in r["_verdicts"].items()}, "note": r["_note"]}
+            for i, r in enumerate(self.rows)]})
+
+
+def cell(row: dict, key: str) -> str:
+    if key.endswith(" s") and key.startswith("to "):
+        got = row.get(key)
+        if got is None:
+            return "-" if row.get(f"{key} recorded") == 0 else "not reached"
+        sd, n, of = row.get(f"{key} sd"), row[f"{key} reached"], row[f"{key} recorded"]
+        return fmt(key, got) + ("" if sd is None else f" ± {fmt(key, sd)}") + ("" if n == of else f" ({n}/{of})")
+    sd = row.get(f"{key} sd")
+    return fmt(key, row.get(key)) + ("" if sd is None else f" ± {fmt(key, sd)}")
+
+
+def report(groups: list, base: int | None, margin: float) -> Report:
+    targets = sorted({t["auroc"] for g in groups for r in g.runs for t in r["summary"].get("targets") or []})
+    rows = [summary_row(g, targets) for g in groups]
+    ref = rows[base] if base is not None else {}
+    lines = [f"Quality against the baseline ({groups[base].label}): difference with its 95% interval; equivalent "
+             f"when the 90% interval lies within ±{margin:g} (two one-sided tests):"] if base is not None else []
+    for i, (g, row) in enumerate(zip(groups, rows, strict=True)):
+        ratios(row, ref, targets)
+        verdicts, note = judge(g, groups[base], margin) if base is not None and i != base else ({}, None)
+        head = verdicts.get(QUALITY[0])
+        row |= {"quality": "baseline" if i == base else (head.word if head else None),
+                "95% interval": head and f"[{head.ci95[0]:+.3f}, {head.ci95[1]:+.3f}]", "_verdicts": verdicts,
+                "_note": note} | {f"{m} verdict": v and v.text() for m, v in verdicts.items()}
+        if i != base and base is not None:
+            said = "; ".join(f"{m} {v.text()}" for m, v in verdicts.items() if v) or "no verdict"
+            lines.append(f"- `{g.label}`: {said}" + (f". Note: {note}" if note else ""))
+    return Report(rows, lines, targets, base, margin)
+
+
+def summary_row(g: Group, targets: list) -> dict:
+    """A group's means, spreads and times to target (ratios and verdicts are added against the baseline)."""
+    choices = g.runs[0]["summary"].get("choices")
+    row = {"group": g.label, "seeds": len(g.runs), "seed values": " ".join(g.seeds),
+           "_overrides": list(g.overrides), "_choices": choices if isinstance(choices, dict) else {}}
+    row |= {k: v for col in GROUP_METRICS for k, v in ((col, g.mean(col)), (f"{col} sd", g.sd(col)))}
+    for t in targets:
+        got, recorded = g.reached(t)
+        row |= {f"to {t:g} s": statistics.mean(got) if got else None,
+                f"to {t:g} s sd": statistics.stdev(got) if len(got) > 1 else None,
+                f"to {t:g} s reached": len(got), f"to {t:g} s recorded": recorded}
+    return row
+
+
+def ratios(row: dict, ref: dict, targets: list) -> None:
+    """Speed-up, AUROC difference and time-to-target ratios of `row` against the baseline row `ref`."""
+    tp, ref_tp = row["samples/s"], ref.get("samples/s")
+    auroc, ref_auroc = row["final AUROC"], ref.get("final AUROC")
+    row["speed-up"] = tp / ref_tp if tp is not None and ref_tp else None
+    row["AUROC vs baseline"] = auroc - ref_auroc if None not in (auroc, ref_auroc) else None
+    for t in targets:
+        ours, theirs = row[f"to {t:g} s"], ref.get(f"to {t:g} s")
+        row[f"to {t:g} x"] = theirs / ours if ours and theirs is not None else None
+
+
+def fastest(runs, choice: str) -> str:
+    """The value of choice `choice` (summary `choices`) of the seed group with the highest mean throughput (its
+    first run's; the first such group on a tie)."""
+    groups = [g for g in seed_groups(runs) if g.mean("samples/s") is not None]
+    if not groups:
+        raise ValueError("--fastest: no completed run with a throughput among the runs given")
+    best = max(groups, key=lambda g: g.mean("samples/s"))
+    choices = best.runs[0]["summary"].get("choices")
+    value = choices.get(choice) if isinstance(choices, dict) else None
+    if not is_text(value):
+        known = ", ".join(sorted(k for k in choices if is_text(k))) if isinstance(choices, dict) else "none recorded"
+        raise ValueError(f"--fastest {choice}: the fastest group ({best.label}) has no choice {choice} in its "
+                         f"summary (its choices: {known})")
+    return value
