@@ -17,7 +17,7 @@ from conftest import ROOT, error_line, workers
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import comm, compress, costmodel, parallel
+from ringexp import comm, compress, costmodel, parallel, quality, records
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, ClusterConfig, CompressionConfig, LinkConfig, TrainConfig, load_yaml
 from ringexp.models import build_model
@@ -276,6 +276,8 @@ BAD = [
     (["predict", "model.name=resnet_nosuch"], "model.name=resnet_nosuch is neither small_cnn nor a timm model"),
     (["predict", "+parallel=single"], "+parallel=single runs one rank"),
     (["predict", "presets=[ddp,nosuch]"], "presets: no preset nosuch"),
+    (["predict", "quality=/nonexistent/q.json"], "quality=/nonexistent/q.json: no such file"),
+    (["predict", "quality_budget=-0.01"], "quality_budget=-0.01: must be in [0, 1]"),
     (["calibrate", "nprocs=1"], "nprocs=1: calibrate needs at least 2 ranks"),
     (["accuracy", "bench=[/nonexistent/bench.json]"], "bench=/nonexistent/bench.json: cannot read it"),
     (["guess"], "first argument must be calibrate, predict or accuracy"),
@@ -404,3 +406,39 @@ def test_accuracy_on_a_bench_file_of_the_wrong_shape_is_one_line_naming_it(tmp_p
     line = error_line(capsys.readouterr().err)
     assert e.value.code == 2 and f"bench={path}: " in line and words in line, line
     assert not (tmp_path / "acc").exists()
+
+
+def quality_record(path, **diffs):
+    """compare's quality.json with a verdict per preset from paired differences over 3 seeds."""
+    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}}] + [
+        {"group": f"+parallel={name}", "baseline": False,
+         "verdicts": {"final AUROC": quality.paired_seeds([d - 0.002, d, d + 0.002], 0.02).record()}}
+        for name, d in diffs.items()]
+    records.write_json(path, {"margin": 0.02, "metric": "final AUROC", "groups": groups})
+    return path
+
+
+def test_the_recommendation_follows_the_measured_verdicts(tmp_path, monkeypatch, capsys):
+    """On a slow link PowerSGD is predicted fastest: recommended where its record calls it equivalent, left out
+    where a new measurement calls it worse (ring_fp16, equivalent, is then chosen); a wider quality_budget makes
+    the same measurement acceptable. No record for a compressing preset: unmeasured, never recommended."""
+    def recommended(record, *extra):
+        out = tmp_path / f"out-{record.stem}-{len(extra)}"
+        monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", "cluster=local_2x2_250mbit", "model.width=32",
+                                          "presets=[ddp,ring_fp16,ddp_powersgd,ddp_topk]", "forward_s=0.01",
+                                          "backward_s=0.02", "optimizer_s=0.002", f"quality={record}", f"out={out}",
+                                          *extra])
+        main()
+        capsys.readouterr()
+        got = json.loads((out / "plan.json").read_text())
+        return got["recommended"], {r["preset"]: r["quality"] for r in got["rows"]}
+
+    good = quality_record(tmp_path / "good.json", ring_fp16=0.001, ddp_powersgd=-0.004)
+    bad = quality_record(tmp_path / "bad.json", ring_fp16=0.001, ddp_powersgd=-0.03)
+    command, verdicts = recommended(good)
+    assert "+parallel=ddp_powersgd" in command and verdicts == {
+        "ddp": "exact", "ring_fp16": "equivalent", "ddp_powersgd": "equivalent", "ddp_topk": "unmeasured"}
+    command, verdicts = recommended(bad)
+    assert "+parallel=ring_fp16" in command and verdicts["ddp_powersgd"] == "worse"
+    command, verdicts = recommended(bad, "quality_budget=0.05")
+    assert "+parallel=ddp_powersgd" in command and verdicts["ddp_powersgd"] == "equivalent"

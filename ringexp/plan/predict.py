@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ringexp import dist as rdist
-from ringexp import parallel
+from ringexp import parallel, quality, records
 from ringexp.compress import powersgd
 from ringexp.config import CONF_DIR, PlanConfig, plain
 from ringexp.errors import ConfigError
@@ -22,11 +22,9 @@ from ringexp.optim import build_optimizer
 from ringexp.plan.report import plot, report
 from ringexp.validate import compose_config
 
-# Measured macro-AUROC lost against uncompressed training (mean paired difference; docs/results/
-# compression-quality.md: small CNN, 3 seeds, 7 for bf16; top-k, random-k and sign: seed 0, 1%, error feedback
-# on as the presets run them). A gain counts as no loss.
-QUALITY_LOSS = {"none": 0.0, "fp16": 0.0, "bf16": 0.003, "int8": 0.005, "powersgd": 0.014, "topk": 0.140,
-                "randomk": 0.328, "sign": 0.052}
+# The quality verdicts the planner judges presets by: compare's record of the slow-link story
+# (scripts/cluster_story.sh, docs/results/cluster-story.md)
+QUALITY_RECORD = Path(CONF_DIR).parent / "docs" / "results" / "cluster-story-quality.json"
 
 
 def presets() -> list:
@@ -92,8 +90,7 @@ def row(name: str, cfg, cl, shapes: list, compute: dict, here: bool) -> dict:
     got = parallel.step_cost(on, cfg, shapes, compute)
     return {"preset": name, "strategy": str(cfg.parallel.strategy), "compression": c.name,
             "accumulation": cfg.accumulation.steps, **got,
-            "sent_bytes": parallel.traffic(cfg, parallel.World.of_cluster(cl), shapes),
-            "auroc_loss": QUALITY_LOSS.get(c.name, 0.0)}
+            "sent_bytes": parallel.traffic(cfg, parallel.World.of_cluster(cl), shapes)}
 
 
 def predict(pc: PlanConfig, train: list) -> None:
@@ -114,7 +111,13 @@ def predict(pc: PlanConfig, train: list) -> None:
     ddp = row("ddp", base, cl, shapes, compute, here)
     for r in rows:
         r["speedup"] = r["samples_s"] / ddp["samples_s"]
-    ok = [r for r in rows if r["auroc_loss"] <= pc.quality_budget] or rows
+    if pc.quality and not Path(pc.quality).is_file():
+        raise ConfigError(f"quality={pc.quality}: no such file (give compare's quality.json, or leave it out for "
+                          f"{QUALITY_RECORD.relative_to(QUALITY_RECORD.parents[2])})")
+    verdicts = quality_of(pc.quality or QUALITY_RECORD)
+    for r, cfg in zip(rows, configs.values(), strict=True):
+        r["quality"], r["auroc_diff"] = judged(r["preset"], cfg, verdicts, pc.quality_budget)
+    ok = [r for r in rows if r["quality"] in ELIGIBLE] or rows
     best = max(ok, key=lambda r: r["samples_s"])
     command = " ".join(["python -m ringexp.train", f"+parallel={best['preset']}", *rest])
     out = Path(pc.out or Path("outputs", "plan", cl.name, base.model.name))
@@ -122,7 +125,7 @@ def predict(pc: PlanConfig, train: list) -> None:
     plotted = {n: c for n, c in (configs | {"ddp": base}).items() if n in pc.plot_presets}
     plot(cl, {n: partial(step_at, cfg=c, shapes=shapes, compute=compute) for n, c in plotted.items()},
          out / "plan.png")
-    text = report(cl, base, rows, compute, source, best, command, pc.quality_budget)
+    text = report(cl, base, rows, compute, source, best, command, pc.quality_budget, pc.quality or QUALITY_RECORD)
     (out / "plan.md").write_text(text)
     (out / "plan.json").write_text(json.dumps({"cluster": plain(cl), "compute": compute, "compute_source": source,
                                                "rows": rows, "recommended": command}, indent=1) + "\n")
@@ -134,3 +137,30 @@ def step_at(cl, cfg, shapes: list, compute: dict) -> float:
     """Predicted step time of `cfg` on cluster `cl` (the plot's: the cluster's file costs, no measured PowerSGD)."""
     return parallel.step_cost(cl, cfg, shapes, compute)["step_s"]
 
+
+ELIGIBLE = ("exact", "equivalent", "better")  # what the recommendation may choose from
+
+
+def quality_of(path) -> dict:
+    """{conf/parallel preset: the verdict's record on the file's headline metric (final macro-AUROC)} from
+    compare's quality.json: the groups that are a preset alone (`+parallel=NAME`, seeds apart); {} where the file
+    is missing."""
+    if not Path(path).is_file():
+        return {}
+    try:
+        record = records.read_json(path)
+        return {g["group"].removeprefix("+parallel="): g["verdicts"].get(record["metric"]) for g in record["groups"]
+                if g["group"].startswith("+parallel=") and " " not in g["group"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"quality={path}: not compare's quality.json ({type(e).__name__}: {e})") from None
+
+
+def judged(name: str, cfg, verdicts: dict, budget: float) -> tuple:
+    """(verdict, measured difference or None) of preset `name` at margin `budget`, from its record's intervals:
+    "exact" for a preset that sends the gradients uncompressed at one micro-step (the same arithmetic up to the
+    order of a sum), "unmeasured" where the record has no verdict for it."""
+    v = verdicts.get(name)
+    if v is not None:
+        return quality.decide(v["diff"], tuple(v["ci95"]), tuple(v["ci90"]), budget), v["diff"]
+    exact = cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off"
+    return ("exact" if exact else "unmeasured"), None
