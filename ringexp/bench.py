@@ -184,13 +184,17 @@ def bench_worker(cfg: BenchConfig) -> list:
 
 def timed_rounds(cfg: BenchConfig, x, runs: dict) -> dict:
     """{name: [seconds per round]}: warm-up, then rounds in which every run(buf) goes once (interleaved, so that
-    the machine's drift hits all alike); a time is the slowest rank's."""
+    the machine's drift hits all alike); a time is the slowest rank's. In a timed round every rank first idles
+    cfg.gap_s before each run (untimed), as a training step computes before its all-reduce: a shaped link (tbf)
+    saves tokens while idle, and each run, not just a round's first, should meet the link a step would."""
     bufs = {name: x.clone() for name in runs}
     times = {name: [] for name in runs}
     rounds, it = cfg.warmup + cfg.iters, 0
     while it < rounds:
         round_s = 0.0
         for name, run in runs.items():
+            if cfg.gap_s and it >= cfg.warmup:
+                time.sleep(cfg.gap_s)  # then the barrier: every rank starts the run together, as without a gap
             dist.barrier()
             rdist.sync(x.device)
             t0 = time.perf_counter()

@@ -42,11 +42,26 @@ need() {
 ns() { echo "ringexp-node$1"; }
 addr() { echo "198.18.0.$((10 + $1))"; }
 
+burst() {  # burst RATE: tbf's bucket in bytes for a tc rate (1gbit, 250mbit, 12.5mbps): 1 ms of link, >= 4096
+  # tbf saves tokens while the link idles (the ranks compute) and then lets that many bytes out at once, which a real
+  # link cannot: a fixed 512 KB was 42 ms of free link at 100 Mbit/s. The bucket must still (a) hold one full frame
+  # (1514 bytes; a smaller one drops every full-size packet; GSO packets larger than it tbf segments in software,
+  # rate intact) and (b) cover the tbf watchdog's wake-up delay, else tokens spill and the link runs below RATE.
+  # Measured here (TCP stream, 2 cores busy): at 1 Gbit/s 4/32/128 KB carried 912/944/956 Mbit/s (512 KB: 963, its
+  # burst included); at 100 Mbit/s 1514 B/4 KB/12 KB carried 92/96/96 (96 is the rate less TCP/IP headers). So:
+  # 1 ms of the rate (rate/HZ at HZ=1000), never under 4 KB (a few frames). docs/cluster.md, "The link".
+  awk -v r="$1" 'BEGIN {
+    match(r, /^[0-9.]+/); n = substr(r, 1, RLENGTH) + 0; u = substr(r, RLENGTH + 1)
+    m = (u ~ /^k/) ? 1e3 : (u ~ /^m/) ? 1e6 : (u ~ /^g/) ? 1e9 : 1
+    b = int(n * m / (u ~ /bit$/ ? 8 : 1) / 1000)
+    print (b < 4096 ? 4096 : b) }'
+}
+
 shape() {  # shape DEV RATE [NETNS]: tbf on DEV's egress (none: no qdisc)
   local dev="$1" rate="$2" in=()
   [ -n "${3:-}" ] && in=(ip netns exec "$3")
   [ "$rate" = none ] && return
-  "${in[@]}" tc qdisc replace dev "$dev" root tbf rate "$rate" burst 512kb latency 100ms
+  "${in[@]}" tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$(burst "$rate")" latency 100ms
 }
 
 up() {

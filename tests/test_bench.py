@@ -5,14 +5,16 @@ import glob
 import logging
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, error_line, history_and_summary, run_cli
+from conftest import ROOT, error_line, history_and_summary, run_cli, workers
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ringexp import bench, records
+from ringexp import dist as rdist
 from ringexp.config import BenchConfig, Device
 from ringexp.errors import ConfigError
 
@@ -142,3 +144,25 @@ def test_one_parser_reads_every_row_name_the_bench_writes():
             comm.parse(bad)
     with pytest.raises(ValueError, match="on hierarchical only"):
         compress.parse("ring+int8:inter")
+
+
+def gap_worker(gap_s: float) -> tuple:
+    """timed_rounds of two no-op runs, 3 timed rounds after 2 warm-up ones, in a real 2-rank gloo group: (its
+    wall seconds, the longest time it recorded)."""
+    rdist.init("cpu")
+    cfg = BenchConfig(gap_s=gap_s, iters=3, warmup=2, min_time_s=0.0)
+    t0 = time.perf_counter()
+    times = bench.timed_rounds(cfg, torch.zeros(4), {"a": lambda b: None, "b": lambda b: None})
+    wall = time.perf_counter() - t0
+    rdist.cleanup()
+    assert all(len(t) == 3 for t in times.values())
+    return wall, max(max(t) for t in times.values())
+
+
+def test_gap_s_idles_before_every_timed_run_and_is_not_timed():
+    """6 timed runs of 0.15 s idle each: at least 0.9 s of wall time, none of it in the times recorded; the warm-up
+    rounds and gap_s=0 idle not at all."""
+    wall, longest = workers(gap_worker, 2, 0.15)[0]
+    assert wall >= 6 * 0.15 and longest < 0.1, (wall, longest)
+    wall, _ = workers(gap_worker, 2, 0.0)[0]
+    assert wall < 0.5, wall
