@@ -428,7 +428,8 @@ def test_fastest_prints_the_choice_of_the_group_with_the_highest_mean_throughput
 @pytest.mark.parametrize("where, args", [
     ("sweep", ["--fastest", "nosuch"]), ("sweep", ["--fastest", ""]), ("sweep", ["--fastest", "parallel", "--groups"]),
     ("sweep", ["--fastest"]), ("sweep", ["--groups=yes"]), ("sweep", ["--no-such-flag"]),
-    ("sweep", ["--quality-budget", "-0.01"]), ("sweep", ["--quality-budget", "nan"]), ("sweep", ["--baseline", "nosuch"]),
+    ("sweep", ["--quality-budget", "-0.01"]), ("sweep", ["--quality-budget", "nan"]),
+    ("sweep", ["--baseline", "nosuch"]),
     ("failed", ["--fastest", "parallel"])])  # nothing completed to choose from
 def test_compare_rejects_a_bad_flag_with_one_line(tmp_path, capsys, where, args):
     fake_run(tmp_path / "sweep" / "0", [*STORY, "+parallel=ddp"], 38.9, 0.64)
@@ -491,3 +492,35 @@ def test_compare_answers_what_cluster_story_computed_itself(tmp_path, capsys):
     for preset in ("ddp", best):  # the same arithmetic, not only the same rounding
         assert found[f"+parallel={preset}"].mean("samples/s") == tp[preset]
         assert found[f"+parallel={preset}"].mean("final AUROC") == au[preset]
+
+
+def with_targets(run, *train_s):
+    """A fake run's summary `targets` at 0.8 and 0.9: the training seconds to each (None: not reached)."""
+    targets = [{"auroc": t, "step": s and 10, "samples": s and 320, "train_s": s, "elapsed_s": s and s + 5}
+               for t, s in zip((0.8, 0.9), train_s, strict=True)]
+    edit_summary(run, targets=targets)
+
+
+def test_time_to_target_is_the_mean_over_the_seeds_that_reached_it_and_its_ratio_the_baseline_s_over_it(tmp_path,
+                                                                                                      capsys):
+    """ddp reaches 0.8 in 40/44 s and 0.9 in 100/110 s; int8 reaches 0.8 in 10/12 s and 0.9 once (25 s) of two:
+    its cell says 1/2, and the ratio compares the means of the seeds that reached it. --help names both columns."""
+    sweep = tmp_path / "sweep"
+    for seed, (a, b) in enumerate(((40.0, 100.0), (44.0, 110.0))):
+        with_targets(fake_run(sweep / f"d{seed}", [*STORY, "+parallel=ddp", f"seed={seed}"], 40.0, 0.95), a, b)
+    for seed, (a, b) in enumerate(((10.0, 25.0), (12.0, None))):
+        with_targets(fake_run(sweep / f"h{seed}", [*STORY, "+parallel=hierarchical_int8", f"seed={seed}"], 150.0,
+                              0.95), a, b)
+    assert compare.main([str(sweep)]) == 0
+    printed = group_table(capsys.readouterr().out)
+    fast = printed["+parallel=hierarchical_int8"]
+    assert fast["to 0.8 s"] == f"11.0 ± {statistics.stdev([10, 12]):.1f}" and fast["to 0.8 x"] == f"{42 / 11:.2f}x"
+    assert fast["to 0.9 s"] == "25.0 (1/2)" and fast["to 0.9 x"] == f"{105 / 25:.2f}x"
+    assert printed["+parallel=ddp"]["to 0.9 s"] == f"105 ± {statistics.stdev([100, 110]):.1f}"  # (no decimals >= 100)
+    with open(sweep / "groups.csv") as f:
+        rows = {r["group"]: r for r in csv.DictReader(f)}
+    assert rows["+parallel=hierarchical_int8"]["to 0.9 s reached"] == "1"
+    with pytest.raises(SystemExit):
+        compare.main(["--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "quality verdict" in helped and "time to target" in helped and "--quality-budget" in helped
