@@ -485,6 +485,14 @@ class SweepReport(Callback):
             print_warning(f"no compare report for {sweep} ({type(e).__name__}: {e})")
 
 
+EPILOG = ("Seed groups judge each group against the baseline's on final macro-AUROC (and best AUROC, final and "
+          "best F1): equivalent (the 90% interval of the difference within +-margin: two one-sided tests), worse or "
+          "better (the 95% interval below or above 0), not equivalent (a difference as large as the margin), or "
+          "inconclusive (with the seeds that would decide it); paired over shared seeds, else a bootstrap over the "
+          "validation set. 'to T s': training seconds to the first evaluation at macro-AUROC T (eval.targets), "
+          "'to T x' the baseline's over it. docs/sweeps.md")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, its errors (an unknown flag, a flag without its value) as ringexp's one line, exit 2."""
 
@@ -494,7 +502,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
-    ap = Parser(prog="python -m ringexp.compare", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m ringexp.compare", description=__doc__.split("\n\n")[0], epilog=EPILOG)
     ap.add_argument("paths", nargs="*", help="sweep or run directories")
     ap.add_argument("--baseline", help="the row whose label contains this text is the speed-up baseline")
     ap.add_argument("--out", help="where to write compare.md/.csv and the plots (default: the single PATH)")
