@@ -410,10 +410,14 @@ def test_accuracy_on_a_bench_file_of_the_wrong_shape_is_one_line_naming_it(tmp_p
 
 def quality_record(path, **diffs):
     """compare's quality.json with a verdict per preset from paired differences over 3 seeds."""
-    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}}] + [
-        {"group": f"+parallel={name}", "baseline": False,
-         "verdicts": {"final AUROC": quality.paired_seeds([d - 0.002, d, d + 0.002], 0.02).record()}}
-        for name, d in diffs.items()]
+    task = ["model.width=32", "steps=120"]  # what every group of the record shares
+    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}, "overrides": ["+parallel=ddp", *task]}]
+    groups += [{"group": f"+parallel={name}", "baseline": False, "overrides": [*task, f"+parallel={name}"],
+                "verdicts": {"final AUROC": quality.paired_seeds([d - 0.002, d, d + 0.002], 0.02).record()}}
+               for name, d in diffs.items()]
+    groups.append({"group": "+parallel=ddp_topk compression.ratio=0.001", "baseline": False,  # not a preset alone
+                   "overrides": [*task, "+parallel=ddp_topk", "compression.ratio=0.001"],
+                   "verdicts": {"final AUROC": quality.paired_seeds([0.0, 0.001, 0.002], 0.02).record()}})
     records.write_json(path, {"margin": 0.02, "metric": "final AUROC", "groups": groups})
     return path
 

@@ -143,15 +143,21 @@ ELIGIBLE = ("exact", "equivalent", "better")  # what the recommendation may choo
 
 def quality_of(path) -> dict:
     """{conf/parallel preset: the verdict's record on the file's headline metric (final macro-AUROC)} from
-    compare's quality.json: the groups that are a preset alone (`+parallel=NAME`, seeds apart); {} where the file
-    is missing."""
+    compare's quality.json: the groups whose overrides are the baseline's but for `+parallel=NAME` (seeds apart);
+    {} where the file is missing."""
     if not Path(path).is_file():
         return {}
     try:
         record = records.read_json(path)
-        return {g["group"].removeprefix("+parallel="): g["verdicts"].get(record["metric"]) for g in record["groups"]
-                if g["group"].startswith("+parallel=") and " " not in g["group"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        base = next(set(g["overrides"]) for g in record["groups"] if g["baseline"])
+        out = {}
+        for g in record["groups"]:
+            extra = set(g["overrides"]) - base
+            if len(extra) == 1 and (name := extra.pop()).startswith("+parallel=") and \
+                    base - set(g["overrides"]) <= {"+parallel=ddp"}:
+                out[name.removeprefix("+parallel=")] = g["verdicts"].get(record["metric"])
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration) as e:
         raise ConfigError(f"quality={path}: not compare's quality.json ({type(e).__name__}: {e})") from None
 
 
