@@ -8,8 +8,8 @@
 #    after 0.15 s of idle (bench gap_s), against the alpha-beta time of conf/cluster/local_2x2_25mbit.yaml;
 # 1. every preset at seed 0, the levers (sign, accumulation x4 over the same samples) and a configuration known to
 #    hurt (top-k at 0.1% without error feedback, seeds 0-2);
-# 2. seeds 1-2 of ddp, ring_fp16 (the harmless check), hierarchical_int8 (the fastest uncompressed-in-node preset
-#    by the planner) and the fastest preset of 1: shared seeds for the paired verdicts the story turns on;
+# 2. seeds 1-2 of ddp, ring_fp16 (the harmless check), hierarchical_int8 (int8 between nodes only, exact sums
+#    inside) and the fastest preset of 1: shared seeds for the paired verdicts the story turns on;
 # 3. ringexp.compare over all of it: seed groups with their quality verdicts and time to each target.
 # Slurm sweeps, one job at a time (array_parallelism=1), local records only (logger=none). Output:
 # outputs/cluster-story/{link-*,presets,levers,harmful,seeds}/ and outputs/cluster-story/compare.md, groups.csv,
