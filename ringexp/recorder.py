@@ -43,6 +43,7 @@ class Recorder:
         self.interval_s, self.interval_n = 0.0, 0
         # train_s: seconds of training steps so far (evaluations and checkpoints left out), what time to target counts
         self.skipped_bad, self.elapsed0, self.train_s, self.sinks = 0, 0.0, 0.0, None
+        self.best_scores = None  # the best evaluation's scores (probabilities and step) kept in val_scores.pt
         # each step's end: on the host (intervals) and on the step's clock (the logged step's own time)
         self.t_start, self.t_prev, self.t_end = t_start, time.perf_counter(), time.perf_counter()
         self.m_prev = self.m_end = self.clock.now()
@@ -142,11 +143,14 @@ class Recorder:
         return {f"val/{k}": v for k, v in val.items()}
 
     def keep_scores(self, step: int, scores: tuple, best: bool) -> None:
+        """val_scores.pt with this evaluation as the final one; the best held in memory, read back from the file
+        once where a resumed run's best came before its checkpoint."""
         probs, labels = scores
-        kept = records.read_scores(self.run_dir) if not best else None  # the best so far stays as it was
         ours = {"step": step, "probs": probs}
-        records.write_scores(self.run_dir, {"labels": labels, "final": ours,
-                                            "best": ours if best or kept is None else kept["best"]})
+        if best or self.best_scores is None:
+            kept = None if best else records.read_scores(self.run_dir)
+            self.best_scores = ours if kept is None else kept["best"]
+        records.write_scores(self.run_dir, {"labels": labels, "final": ours, "best": self.best_scores})
 
     def write(self, row: dict, step: int) -> None:
         if self.sinks:

@@ -449,8 +449,8 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
 
 
 def judge_groups(runs, rows, base: int, margin: float):
-    """The seed groups' report, the group of the baseline row as its baseline (seed groups only where the seed is
-    left out: a run of every seed of a group is in it)."""
+    """The seed groups' report against the group that holds the baseline row; each row also gets its group's
+    runs (`_runs`), for the per-run quality column and W&B."""
     groups = seeds.seed_groups(runs)
     judged = seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
     for g, row in zip(groups, judged.rows, strict=True):
