@@ -1,0 +1,5 @@
+import sys
+
+from ringexp.tune.cli import main
+
+sys.exit(main())

@@ -1,0 +1,285 @@
+"""The tune's phases over one directory, every trial recorded before the next starts (trials.Log), so that the
+same command continues a tune killed at any point.
+
+    diagnose   a short run of the user's configuration: the checklist's numbers, the planner's cluster
+    predict    every candidate's predicted step (ringexp.plan), the shortlist in the planner's order
+    try        successive halving over the shortlist: short trials, the fastest 1/eta go on at eta x the steps,
+               each trial only while the budget left still covers it and the verification after it
+    verify     the fastest trials at full length over seeds against the baseline's, fastest first, judged by
+               ringexp.quality through compare's seed groups; the first equivalent one is chosen
+    refit      the cluster's constants refitted on the trials (ringexp.tune.refit)
+"""
+
+import dataclasses
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ringexp import records
+from ringexp.compare import load_local
+from ringexp.compare.groups import QUALITY, judge, report, seed_groups
+from ringexp.config import CONF_DIR, PlanConfig
+from ringexp.errors import ConfigError
+from ringexp.models import build_model
+from ringexp.plan import clusters
+from ringexp.plan import predict as plan
+from ringexp.tune import space, trials
+from ringexp.tune.refit import refit
+from ringexp.validate import compose_config
+
+OWN = ("steps=", "seed=", "eval_every=", "name=", "hydra.run.dir=", "hydra.sweep.dir=", "resume=")  # the tune's
+STARTUP_S = 10.0  # a trial's start and end (imports, workers, the final evaluation) before one was measured
+EVAL_SHARE = 0.25  # full-length runs: evaluations and checkpoints on top of the steps, before one was measured
+
+
+@dataclasses.dataclass
+class Budget:
+    total_s: float
+    log: trials.Log
+
+    def spent(self) -> float:
+        return sum(r.get("wall_s", 0.0) for r in self.log.done.values())
+
+    def covers(self, need_s: float) -> bool:
+        return self.spent() + need_s <= self.total_s
+
+
+class Tune:
+    def __init__(self, tc, train: list, out: Path):
+        self.tc, self.out = tc, out
+        self.base_overrides = [a for a in train if not a.startswith(OWN)]
+        self.rest = [a for a in self.base_overrides if not a.lstrip("+").startswith("parallel=")]
+        self.base = compose_config([a for a in train if not a.startswith(OWN[3:])])  # with the user's steps, seed
+        if tc.trial_steps < self.base.throughput_warmup + 5:
+            raise ConfigError(f"tune.trial_steps={tc.trial_steps}: a trial measures its throughput after "
+                              f"throughput_warmup={self.base.throughput_warmup} steps; give at least "
+                              f"{self.base.throughput_warmup + 5}")
+        self.cmd = trials.command(tc.command)
+        self.log = trials.Log(out / "trials.jsonl")
+        self.budget = Budget(tc.budget_min * 60, self.log)
+        self.group = f"tune-{out.name}"
+        self.cands, self.left_out, self.refused, self.verified, self.chosen = [], [], [], [], None
+        self.cluster = self.compute = self.fit = None
+
+    # -- one trial ----------------------------------------------------------------------------------------------
+    def trial(self, key: str, phase: str, cand: str, overrides: list, steps: int, seed: int, every: int) -> dict:
+        """A recorded trial, run unless trials.jsonl has it already. A short one logs a row about every tenth of
+        its measured steps, so that its throughput is a median over intervals, not one interval."""
+        if key in self.log.done:
+            return self.log.done[key]
+        own = self.base_overrides if cand == "baseline" else [*self.rest, *overrides]
+        line = [*own, f"steps={steps}", f"eval_every={every}", f"seed={seed}", f"name={self.group}"]
+        if phase != "verify":
+            line.append(f"logger.log_every={max(1, (steps - self.base.throughput_warmup) // 10)}")
+        rec = trials.run(self.cmd, line, self.out / "trials" / key, self.tc.trial_timeout_s)
+        return self.log.add(rec | {"key": key, "phase": phase, "candidate": cand, "overrides": overrides,
+                                   "steps": steps, "seed": seed})
+
+    def timed(self, key: str, phase: str, work):
+        """A step of the tune's own (the planner's), recorded with its time like a trial."""
+        if key not in self.log.done:
+            start = time.monotonic()
+            work()
+            self.log.add({"key": key, "phase": phase, "status": "completed", "wall_s": time.monotonic() - start})
+
+    # -- diagnose and predict -----------------------------------------------------------------------------------
+    def diagnose(self) -> dict:
+        steps = self.tc.trial_steps
+        rec = self.trial("diagnose", "diagnose", "baseline", [], steps, self.base.seed, steps)
+        if rec["status"] != "completed":
+            raise ConfigError(f"the baseline trial {rec['status']}: {rec['reason']} (see {rec['dir']}/"
+                              f"{trials.LOG}); fix the training overrides, then run the same command again")
+        return rec
+
+    def predict(self, base_rec: dict) -> None:
+        summary = records.read_summary(base_rec["dir"])
+        self.cluster = dataclasses.replace(self.find_cluster(summary), nodes=summary["nodes"],
+                                           ranks_per_node=summary["ranks_per_node"])
+        model = build_model(self.base.model, self.base.data.num_labels)
+        self.shapes = [p.shape for p in model.parameters() if p.requires_grad]
+        self.compute = self.measured_compute(model)
+        self.cands, self.refused = space.candidates(self.rest, list(self.tc.presets), space.knobs(self.tc.knobs),
+                                                    self.predicted, self.cluster.nodes, space.fingerprint(self.base))
+        self.base_pred = self.predicted(self.base)
+        self.order, self.left_out = space.ranked(self.cands, self.base_pred["samples_s"], self.tc.search,
+                                                 self.tc.prune, self.tc.seed)
+        self.scale = base_rec["step_s"] / self.base_pred["step_s"]  # measured over predicted, for the estimates
+        self.startup_s = max(base_rec["wall_s"] - base_rec["step_s"] * base_rec["steps"], 1.0)
+        if not self.order:
+            raise ConfigError("the search space is empty: every candidate was refused or predicted slower than the "
+                              f"baseline (tune.prune={self.tc.prune}); widen tune.presets or tune.knobs")
+
+    def measured_compute(self, model) -> dict:
+        """One rank's compute as the planner measures it, once per tune (compute.json): a continued tune ranks
+        and prunes as the first start did."""
+        path = self.out / "compute.json"
+        if path.exists():
+            return records.read_json(path)
+        start = time.monotonic()
+        compute, _ = plan.compute_times(PlanConfig(cluster=self.cluster), self.base, model, self.cluster)
+        records.write_json(path, compute)
+        self.log.add({"key": "predict", "phase": "predict", "status": "completed", "wall_s": time.monotonic() - start})
+        return compute
+
+    def check_space(self) -> None:
+        """ConfigError where the user's restrictions leave nothing to try: every candidate refused, or the
+        baseline itself (checked before anything is written; the planner may still prune some later)."""
+        _, _ = space.candidates(self.rest, list(self.tc.presets), space.knobs(self.tc.knobs), None, None,
+                                space.fingerprint(self.base), strict=True)
+
+    def predicted(self, cfg, cl=None, compute=None) -> dict:
+        return plan.row("", cfg, cl or self.cluster, self.shapes, compute or self.compute, True)
+
+    def find_cluster(self, summary: dict):
+        """tune.cluster, else the conf/cluster file of this job's shape and link, else one calibrated here."""
+        if self.tc.cluster:
+            name = self.tc.cluster
+            return clusters.read(name if name.endswith((".yaml", ".yml")) else cluster_file(name))
+        for name in clusters.names():
+            cl = clusters.read(cluster_file(name))
+            if (cl.nodes, cl.ranks_per_node, cl.link) == (summary["nodes"], summary["ranks_per_node"],
+                                                           summary["link"]):
+                return cl
+        path = self.out / "calibrated.yaml"
+        if trials.multirun(self.base_overrides) or self.tc.command:
+            raise ConfigError(f"no conf/cluster file is of this job's shape ({summary['nodes']} x "
+                              f"{summary['ranks_per_node']}, link {summary['link']}); calibrate it on the job "
+                              "(python -m ringexp.plan calibrate, docs/plan.md) and give tune.cluster=PATH.yaml")
+        self.timed("calibrate", "predict", lambda: calibrate(path, summary["ranks_per_node"]))
+        return clusters.read(path)
+
+    # -- try: successive halving --------------------------------------------------------------------------------
+    def estimate(self, c, steps: int, full: bool = False) -> float:
+        """Machine seconds a run of `c` (a Candidate, or None: the baseline) for `steps` steps should take: its
+        measured step where a trial has one (else the planner's, scaled as the baseline's was), and the start,
+        evaluations and checkpoints as measured (a full-length run's from the verification runs so far)."""
+        name = "baseline" if c is None else c.name
+        ran = [r for r in self.log.done.values() if r.get("candidate") == name and r["status"] == "completed"]
+        step = ran[-1]["step_s"] if ran else (c.predicted if c else self.base_pred)["step_s"] * self.scale
+        extra = [r["wall_s"] / r["steps"] - r["step_s"] for r in self.log.done.values()
+                 if r["phase"] == "verify" and r["status"] == "completed"]
+        if full and extra:
+            return steps * (step + max(extra))
+        return self.startup_s + steps * step * (1 + EVAL_SHARE * full)
+
+    def reserve(self) -> float:
+        """What verifying one candidate needs: the baseline's and the fastest predicted candidate's seeds."""
+        top = self.order[0]
+        return self.tc.seeds * (self.estimate(None, self.base.steps, True) +
+                                self.estimate(top, self.full_steps(top)[0], True))
+
+    def search(self, bar=tqdm) -> list:
+        """[(Candidate, its last rung's record)], fastest first."""
+        alive, last = list(self.order), {}
+        for rung in range(self.tc.rungs):
+            steps = self.tc.trial_steps * self.tc.eta ** rung
+            got = {}
+            for c in bar(alive, desc=f"try: rung {rung + 1} of {self.tc.rungs} ({steps} steps)", leave=False):
+                key = f"try-r{rung}-{slug(c.name)}"
+                if key not in self.log.done and not self.budget.covers(self.estimate(c, steps) + self.reserve()):
+                    break  # the rest, ranked lower, would not leave room to verify
+                rec = self.trial(key, "try", c.name, c.overrides, steps, self.base.seed, steps)
+                if rec["status"] == "completed":
+                    got[c.name] = (c, rec)
+            if not got:
+                break
+            last |= got
+            ranked = sorted(got.values(), key=lambda cr: -cr[1]["samples_s"])
+            alive = [c for c, _ in ranked[:max(self.tc.verify, math.ceil(len(ranked) / self.tc.eta))]]
+            if len(ranked) <= self.tc.verify or rung == self.tc.rungs - 1:
+                break
+        rung_of = {name: int(rec["key"].split("-")[1][1:]) for name, (_, rec) in last.items()}
+        return sorted(last.values(), key=lambda cr: (-rung_of[cr[0].name], -cr[1]["samples_s"]))
+
+    # -- verify ---------------------------------------------------------------------------------------------------
+    def full_steps(self, c) -> tuple:
+        """(steps, eval_every) of a full-length run of `c`: the baseline's samples, whatever its accumulation."""
+        k = self.base.accumulation.steps / c.cfg.accumulation.steps
+        return math.ceil(self.base.steps * k), max(1, math.ceil(self.base.eval_every * k))
+
+    def full(self, c, i: int) -> dict:
+        seed = self.base.seed + i
+        if c is None:
+            return self.trial(f"verify-baseline-s{seed}", "verify", "baseline", [], self.base.steps, seed,
+                              self.base.eval_every)
+        steps, every = self.full_steps(c)
+        return self.trial(f"verify-{slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
+
+    def verify(self, tried: list, bar=tqdm) -> None:
+        """Fastest first: seed 0 of candidate and baseline (a validation-set verdict); a candidate not worse runs
+        the other seeds (a paired verdict over seeds); the first equivalent (or better) one is chosen."""
+        for c, _ in bar(tried[:self.tc.verify], desc="verify", leave=False):
+            for i in range(self.tc.seeds):
+                if not all(self.affordable(x, i) for x in (None, c)):
+                    return
+                runs = [self.full(None, i), self.full(c, i)]
+                if any(r["status"] != "completed" for r in runs):
+                    break
+                verdict = self.judge(c)
+                if verdict and (verdict[0].word in ("worse", "not equivalent") or i == self.tc.seeds - 1):
+                    break
+            self.verified.append((c, self.judge(c)))
+            if self.verified[-1][1] and self.verified[-1][1][0].word in ("equivalent", "better"):
+                self.chosen = c
+                return
+
+    def affordable(self, c, i: int) -> bool:
+        key = f"verify-{'baseline' if c is None else slug(c.name)}-s{self.base.seed + i}"
+        steps = self.base.steps if c is None else self.full_steps(c)[0]
+        return key in self.log.done or self.budget.covers(self.estimate(c, steps, True))
+
+    def judge(self, c):
+        """(headline Verdict, note) of candidate `c` against the baseline over their verification runs so far."""
+        runs = load_local([r["dir"] for r in self.log.done.values()
+                           if r["phase"] == "verify" and r["candidate"] in ("baseline", c.name)
+                           and r["status"] == "completed"])
+        groups = seed_groups(runs)
+        base = [g for g in groups if any(r["dir"] in self.dirs("baseline") for r in g.runs)]
+        mine = [g for g in groups if any(r["dir"] in self.dirs(c.name) for r in g.runs)]
+        if not base or not mine:
+            return None
+        verdicts, note = judge(mine[0], base[0], self.tc.quality_budget)
+        return (verdicts[QUALITY[0]], note) if verdicts.get(QUALITY[0]) else None
+
+    def dirs(self, cand: str) -> set:
+        return {r["dir"] for r in self.log.done.values() if r["phase"] == "verify" and r["candidate"] == cand}
+
+    def verification_report(self):
+        """compare's seed-group report over every verification run (None before any)."""
+        runs = load_local([r["dir"] for r in self.log.done.values() if r["phase"] == "verify"
+                           and r["status"] == "completed"])
+        groups = seed_groups(runs)
+        base = next((i for i, g in enumerate(groups) if any(r["dir"] in self.dirs("baseline") for r in g.runs)), None)
+        return report(groups, base, self.tc.quality_budget) if groups else None
+
+    # -- refit ------------------------------------------------------------------------------------------------------
+    def refit(self) -> None:
+        by_name = {c.name: c for c in self.cands}
+        points = [(by_name[r["candidate"]].cfg if r["candidate"] in by_name else self.base, r["step_s"])
+                  for r in self.log.done.values()
+                  if r["phase"] in ("diagnose", "try") and r["status"] == "completed"]
+        if len(points) >= 2:
+            self.fit = refit(points, self.cluster, self.compute,
+                             lambda cfg, cl, comp: self.predicted(cfg, cl, comp)["step_s"])
+
+
+def cluster_file(name: str) -> Path:
+    return Path(CONF_DIR, "cluster", f"{name}.yaml")
+
+
+def slug(name: str) -> str:
+    """A candidate's name as a directory name."""
+    return "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in name).strip("-")
+
+
+def calibrate(path: Path, ranks: int) -> None:
+    """The planner's calibration on local workers, into `path`."""
+    got = subprocess.run([sys.executable, "-m", "ringexp.plan", "calibrate", f"nprocs={max(2, ranks)}",
+                          f"out={path}"], capture_output=True, text=True)
+    if got.returncode != 0:
+        said = (got.stderr or got.stdout).strip().splitlines() or ["no output"]
+        raise ConfigError(f"calibrating this machine failed: {said[-1]}")

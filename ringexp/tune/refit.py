@@ -1,0 +1,50 @@
+"""Refit the planner's cluster on the trials it predicted: predict, run, check, refit.
+
+Three factors, fitted by least squares on log(predicted / measured) step time over the completed trials
+(scipy.optimize.least_squares): one on the compute (forward, backward, optimizer), one on each link level's
+seconds per byte. Three numbers against a dozen or more trials of different strategies and compressors: the fit
+cannot follow each trial, and `held_out` says how well it predicts a trial it was not fitted on.
+"""
+
+import dataclasses
+import statistics
+
+import numpy as np
+from scipy.optimize import least_squares
+
+BOUND = np.log(20.0)  # no factor beyond 20x either way: past that the model, not its constants, is wrong
+
+
+def scaled(cl, compute: dict, x) -> tuple:
+    """(cluster, compute) with the factors exp(x) = (compute, intra beta, inter beta) applied."""
+    f = np.exp(x)
+    levels = {lv: dataclasses.replace(getattr(cl, lv), beta_s_per_byte=getattr(cl, lv).beta_s_per_byte * k)
+              for lv, k in (("intra", f[1]), ("inter", f[2]))}
+    return dataclasses.replace(cl, **levels), {k: v * f[0] for k, v in compute.items()}
+
+
+def errors(points, cl, compute, predict, x=None) -> list:
+    """|predicted / measured - 1| per (cfg, measured step seconds) point, at factors exp(x) (None: none)."""
+    c, comp = scaled(cl, compute, np.zeros(3) if x is None else x)
+    return [abs(predict(cfg, c, comp) / m - 1) for cfg, m in points]
+
+
+def fit(points, cl, compute, predict) -> np.ndarray:
+    def residuals(x):
+        c, comp = scaled(cl, compute, x)
+        return [np.log(predict(cfg, c, comp) / m) for cfg, m in points]
+
+    return least_squares(residuals, np.zeros(3), bounds=(-BOUND, BOUND), diff_step=1e-3).x
+
+
+def refit(points, cl, compute, predict) -> dict:
+    """The factors, the refitted cluster and compute, and the median error before, after (fitted on every point)
+    and held out (each point predicted by a fit on the others; None under 4 points)."""
+    x = fit(points, cl, compute, predict)
+    held = [errors([p], cl, compute, predict, fit(points[:i] + points[i + 1:], cl, compute, predict))[0]
+            for i, p in enumerate(points)] if len(points) >= 4 else None
+    new_cl, new_compute = scaled(cl, compute, x)
+    return {"factors": dict(zip(("compute", "intra_beta", "inter_beta"), np.exp(x).tolist(), strict=True)),
+            "before": statistics.median(errors(points, cl, compute, predict)),
+            "after": statistics.median(errors(points, cl, compute, predict, x)),
+            "held_out": statistics.median(held) if held else None, "cluster": new_cl, "compute": new_compute}

@@ -1,0 +1,126 @@
+"""The search space: conf/parallel presets x knob values, each knob changed alone on the presets it changes, every
+candidate a list of training overrides over the user's and its checked config, ranked by the planner.
+
+    knobs(entries)                       {knob: [values]} of tune.knobs ("KEY=V1,V2"); unknown knobs refused
+    candidates(train, presets, knobs, predict)
+                                         the distinct candidates, each with the planner's prediction; a knob value
+                                         is kept for a preset only where it changes the prediction (or, for what the
+                                         planner does not model, where UNMODELLED says the preset reads it)
+    ranked(cands, base, search, prune, seed)
+                                         planner: fastest predicted first, those predicted slower than the baseline
+                                         by more than `prune` left out; random: shuffled, none left out
+"""
+
+import random
+from dataclasses import dataclass, field
+
+from ringexp.config import plain
+from ringexp.errors import ConfigError
+from ringexp.plan.predict import preset_config, presets
+
+# The knobs the tune varies, and what each one is. The planner answers whether a knob changes a preset (its
+# predicted step moves); for what it does not model, UNMODELLED says which configs read the knob.
+KNOBS = {
+    "parallel.bucket_cap_mb": "DDP's gradient bucket size (MB)",
+    "accumulation.steps": "micro-batches per optimizer step (full-length runs keep the samples: fewer steps)",
+    "compression.rank": "PowerSGD's rank",
+    "compression.start_step": "PowerSGD's uncompressed steps first",
+    "compression.ratio": "top-k / random-k: the fraction of elements sent",
+    "amp.mode": "autocast: off, bf16 or fp16",
+}
+SET_BY_TUNE = ("name", "seed", "steps", "eval_every", "resume", "logger")
+UNMODELLED = {"compression.start_step": lambda cfg: cfg.compression.name == "powersgd",
+              "amp.mode": lambda cfg: True}
+
+
+@dataclass
+class Candidate:
+    """One configuration to try: `name` (the preset and any knob), `overrides` (over the user's training overrides,
+    without steps/seed), `cfg` its checked TrainConfig, `predicted` the planner's step and samples/s."""
+
+    name: str
+    overrides: list
+    cfg: object = field(repr=False)
+    predicted: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        return {"name": self.name, "overrides": self.overrides, "predicted_step_s": self.predicted.get("step_s"),
+                "predicted_samples_s": self.predicted.get("samples_s")}
+
+
+def knobs(entries) -> dict:
+    """{knob: [value, ...]} of tune.knobs entries; a ConfigError names an entry that is not KEY=V1[,V2...] or a
+    knob the tune does not know."""
+    out = {}
+    for e in entries:
+        key, _, values = str(e).partition("=")
+        if key not in KNOBS:
+            raise ConfigError(f"tune.knobs: unknown knob '{key}'; choose from {', '.join(KNOBS)} "
+                              "(each entry KEY=V1,V2)")
+        if not values or "" in values.split(","):
+            raise ConfigError(f"tune.knobs: '{e}' gives no value; write KEY=V1,V2 (e.g. accumulation.steps=2,4)")
+        out[key] = values.split(",")
+    return out
+
+
+def fingerprint(cfg) -> str:
+    """What makes two candidates the same configuration (its length, seed and name aside: the tune sets those)."""
+    return repr(sorted((k, repr(v)) for k, v in plain(cfg).items() if k not in SET_BY_TUNE))
+
+
+def candidates(train: list, names: list, knob_values: dict, predict, nodes: int | None, baseline: str,
+               strict: bool = False) -> tuple:
+    """([Candidate], [(name, why) refused]) over `train` (without +parallel=), the baseline's own configuration
+    (its fingerprint) left out; `predict(cfg)` -> the planner's row (None: every knob value kept, for `strict`, the
+    check that something is left to search). Bad preset names are the user's mistake (ConfigError); a preset or
+    knob value refused with this task is a recorded refusal."""
+    bad = [n for n in names if n not in presets()]
+    if bad:
+        raise ConfigError(f"tune.presets: no preset {bad[0]}; choose from {', '.join(presets())}")
+    out, refused, seen = [], [], {baseline}
+    for preset in names or presets():
+        try:
+            own = Candidate(preset, [f"+parallel={preset}"], preset_config(preset, train, nodes))
+        except ConfigError as e:
+            refused.append((preset, str(e)))
+            continue
+        own.predicted = predict(own.cfg) if predict else {}
+        for c in [own, *variants(own, train, knob_values, predict, nodes, refused)]:
+            if (f := fingerprint(c.cfg)) not in seen:
+                seen.add(f)
+                out.append(c)
+    if strict and not out:
+        why = f" ({refused[0][0]}: {refused[0][1]})" if refused else " (each is the baseline's own configuration)"
+        raise ConfigError(f"the search space is empty after tune.presets and tune.knobs{why}; widen them")
+    return out, refused
+
+
+def variants(own: Candidate, train: list, knob_values: dict, predict, nodes, refused: list):
+    """`own` with one knob changed, where the change changes `own` (see the module's docstring)."""
+    for key, values in knob_values.items():
+        for v in values:
+            name, extra = f"{own.name} {key}={v}", [*own.overrides, f"{key}={v}"]
+            try:
+                cfg = preset_config(own.name, [*train, f"{key}={v}"], nodes)
+            except ConfigError as e:
+                refused.append((name, str(e)))
+                continue
+            if fingerprint(cfg) == fingerprint(own.cfg):
+                continue
+            got = predict(cfg) if predict else {}
+            if not predict or got["step_s"] != own.predicted["step_s"] or UNMODELLED.get(key, lambda c: False)(cfg):
+                yield Candidate(name, extra, cfg, got)
+
+
+def ranked(cands: list, base_samples_s: float, search: str, prune: float, seed: int) -> tuple:
+    """(the order to try, [(Candidate, why) left out]): throughput is samples/s, so that accumulation, which makes a
+    step longer and carries more samples, compares fairly."""
+    if search == "random":
+        order = list(cands)
+        random.Random(seed).shuffle(order)
+        return order, []
+    floor = base_samples_s / (1 + prune)
+    keep = [c for c in cands if c.predicted["samples_s"] >= floor]
+    out = [(c, f"predicted {c.predicted['samples_s']:.1f} samples/s, below the baseline's {base_samples_s:.1f} "
+               f"by more than {prune:.0%}") for c in cands if c.predicted["samples_s"] < floor]
+    return sorted(keep, key=lambda c: -c.predicted["samples_s"]), out
