@@ -110,7 +110,8 @@ def lines(path):
 
 @pytest.mark.slow
 def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook(tmp_path):
-    """Killed (SIGKILL to its process group, trial included) once three records are in: the same command continues
+    """Killed (SIGKILL to its process group, trial included) once three records are in (the baseline's full run,
+    the planner's, the first trial): the same command continues
     from them, runs no recorded trial again, records the crashed ring_int8 trials with their reason, verifies, and
     writes a playbook whose choice (if any) best.yaml and the printed command both reproduce."""
     out = tmp_path / "tune"
@@ -135,7 +136,8 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     assert crashed and all(r["status"] == "crashed" and "exit code" in r["reason"] for r in crashed), crashed
     done = [r for r in recs if r["phase"] == "try" and r["status"] == "completed"]
     assert done and all(r["samples_s"] > 0 for r in done)
-    assert any(r["phase"] == "verify" and r["candidate"] == "baseline" for r in recs)
+    assert recs[0]["key"] == "verify-baseline-s0" and recs[0]["phase"] == "diagnose"  # verification's first run
+    assert any(r["phase"] == "verify" and r["candidate"] != "baseline" for r in recs)
     book = (out / "playbook.md").read_text()
     assert "## Checklist" in book and "crashed: exit code" in book and "Median error" in book, book
     chosen = stdout.strip().splitlines()[-1].split(": ", 1)[1]
@@ -161,7 +163,7 @@ def refusal(args):
 
 
 @pytest.mark.parametrize("extra,says", [
-    (["tune.budget_min=0.01"], "tune.budget_min=0.01: one baseline trial"),
+    (["tune.budget_min=0.01"], "tune.budget_min=0.01: the baseline's run of 12 steps"),
     (["tune.presets=[ddp]", "tune.knobs=[]"], "the search space is empty"),
     (["tune.quality_budget=-0.1"], "tune.quality_budget=-0.1: must be in [0, 1]"),
     (["tune.knobs=[parallel.bucket_mb=5]"], "unknown knob 'parallel.bucket_mb'"),

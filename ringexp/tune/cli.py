@@ -63,13 +63,14 @@ def reachable(cmd: list, train: list) -> None:
 
 
 def affordable(tc, tune: Tune) -> None:
-    """ConfigError where the budget cannot pay for the baseline trial: its steps at this machine's compute."""
+    """ConfigError where the budget cannot pay for the baseline's own run (diagnose's): its steps at this machine's
+    compute alone."""
     cfg = tune.base
     model = build_model(cfg.model, cfg.data.num_labels)
     c = measure_compute(cfg, model, rdist.threads(max(1, cfg.launcher.nproc_per_node)))
-    need = STARTUP_S + tc.trial_steps * cfg.accumulation.steps * (c["forward_s"] + c["backward_s"])
+    need = STARTUP_S + cfg.steps * cfg.accumulation.steps * (c["forward_s"] + c["backward_s"])
     if tc.budget_min * 60 < need:
-        raise ConfigError(f"tune.budget_min={tc.budget_min:g}: one baseline trial of {tc.trial_steps} steps needs "
+        raise ConfigError(f"tune.budget_min={tc.budget_min:g}: the baseline's run of {cfg.steps} steps needs "
                           f"about {need / 60:.1f} min here; give at least that (tune.budget_min)")
 
 

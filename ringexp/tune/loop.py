@@ -1,7 +1,8 @@
 """The tune's phases over one directory, every trial recorded before the next starts (trials.Log), so that the
 same command continues a tune killed at any point.
 
-    diagnose   a short run of the user's configuration: the checklist's numbers, the planner's cluster
+    diagnose   the user's configuration at full length, seed 0 (verification's first baseline run): the
+               checklist's numbers, the planner's cluster, what a full-length run costs
     predict    every candidate's predicted step (ringexp.plan), the shortlist in the planner's order
     try        successive halving over the shortlist: short trials, the fastest 1/eta go on at eta x the steps,
                each trial only while the budget left still covers it and the verification after it
@@ -32,8 +33,9 @@ from ringexp.tune.refit import refit
 from ringexp.validate import compose_config
 
 OWN = ("steps=", "seed=", "eval_every=", "name=", "hydra.run.dir=", "hydra.sweep.dir=", "resume=")  # the tune's
-STARTUP_S = 10.0  # a trial's start and end (imports, workers, the final evaluation) before one was measured
-EVAL_SHARE = 0.25  # full-length runs: evaluations and checkpoints on top of the steps, before one was measured
+FULL = ("diagnose", "verify")  # the phases whose runs are at full length (the baseline's seed 0 is diagnose's)
+STARTUP_S = 10.0  # a run's start and end (imports, workers, checkpoint): what a full-length run's wall time
+# beyond its steps is not taken to be evaluations
 
 
 @dataclasses.dataclass
@@ -77,7 +79,7 @@ class Tune:
             line.append(f"logger.log_every={max(1, (steps - self.base.throughput_warmup) // 10)}")
         rec = trials.run(self.cmd, line, self.out / "trials" / key, self.tc.trial_timeout_s)
         return self.log.add(rec | {"key": key, "phase": phase, "candidate": cand, "overrides": overrides,
-                                   "steps": steps, "seed": seed})
+                                   "steps": steps, "every": every, "seed": seed})
 
     def timed(self, key: str, phase: str, work):
         """A step of the tune's own (the planner's), recorded with its time like a trial."""
@@ -88,10 +90,11 @@ class Tune:
 
     # -- diagnose and predict -----------------------------------------------------------------------------------
     def diagnose(self) -> dict:
-        steps = self.tc.trial_steps
-        rec = self.trial("diagnose", "diagnose", "baseline", [], steps, self.base.seed, steps)
+        """The baseline at full length, seed 0: the checklist's numbers, and the first of the baseline's seeds that
+        verification needs anyway, so that the budget knows from the start what a full-length run costs."""
+        rec = self.full(None, 0)
         if rec["status"] != "completed":
-            raise ConfigError(f"the baseline trial {rec['status']}: {rec['reason']} (see {rec['dir']}/"
+            raise ConfigError(f"the baseline run {rec['status']}: {rec['reason']} (see {Path(rec['dir']).parent}/"
                               f"{trials.LOG}); fix the training overrides, then run the same command again")
         return rec
 
@@ -108,7 +111,6 @@ class Tune:
         self.order, self.left_out = space.ranked(self.cands, self.base_pred["samples_s"], self.tc.search,
                                                  self.tc.prune, self.tc.seed)
         self.scale = base_rec["step_s"] / self.base_pred["step_s"]  # measured over predicted, for the estimates
-        self.startup_s = max(base_rec["wall_s"] - base_rec["step_s"] * base_rec["steps"], 1.0)
         if not self.order:
             raise ConfigError("the search space is empty: every candidate was refused or predicted slower than the "
                               f"baseline (tune.prune={self.tc.prune}); widen tune.presets or tune.knobs")
@@ -153,24 +155,32 @@ class Tune:
         return clusters.read(path)
 
     # -- try: successive halving --------------------------------------------------------------------------------
-    def estimate(self, c, steps: int, full: bool = False) -> float:
-        """Machine seconds a run of `c` (a Candidate, or None: the baseline) for `steps` steps should take: its
-        measured step where a trial has one (else the planner's, scaled as the baseline's was), and the start,
-        evaluations and checkpoints as measured (a full-length run's from the verification runs so far)."""
+    def estimate(self, c, steps: int, every: int | None = None) -> float:
+        """Machine seconds a run of `c` (a Candidate, or None: the baseline) for `steps` steps should take,
+        evaluating every `every` steps (None: once, a trial): its measured step where a run has one (else the
+        planner's, scaled as the baseline's was), plus the start and each evaluation as the full-length runs so far
+        took them."""
         name = "baseline" if c is None else c.name
         ran = [r for r in self.log.done.values() if r.get("candidate") == name and r["status"] == "completed"]
         step = ran[-1]["step_s"] if ran else (c.predicted if c else self.base_pred)["step_s"] * self.scale
-        extra = [r["wall_s"] / r["steps"] - r["step_s"] for r in self.log.done.values()
-                 if r["phase"] == "verify" and r["status"] == "completed"]
-        if full and extra:
-            return steps * (step + max(extra))
-        return self.startup_s + steps * step * (1 + EVAL_SHARE * full)
+        return STARTUP_S + steps * step + (1 if every is None else math.ceil(steps / every)) * self.eval_s()
+
+    def eval_s(self) -> float:
+        """One evaluation's seconds: the largest that a full-length run's wall time leaves beyond its steps."""
+        full = [r for r in self.log.done.values() if r["phase"] in FULL and r["status"] == "completed"]
+        return max([max(0.0, r["wall_s"] - STARTUP_S - r["steps"] * r["step_s"]) / math.ceil(r["steps"] / r["every"])
+                    for r in full] or [0.0])
+
+    def full_estimate(self, c) -> float:
+        steps, every = (self.base.steps, self.base.eval_every) if c is None else self.full_steps(c)
+        return self.estimate(c, steps, every)
 
     def reserve(self) -> float:
-        """What verifying one candidate needs: the baseline's and the fastest predicted candidate's seeds."""
-        top = self.order[0]
-        return self.tc.seeds * (self.estimate(None, self.base.steps, True) +
-                                self.estimate(top, self.full_steps(top)[0], True))
+        """What verifying one candidate still needs: the baseline's seeds not run yet, and the seeds of the
+        costliest of the first three candidates."""
+        base = sum(self.full_estimate(None) for i in range(self.tc.seeds)
+                   if f"verify-baseline-s{self.base.seed + i}" not in self.log.done)
+        return base + self.tc.seeds * max(self.full_estimate(c) for c in self.order[:3])
 
     def search(self, bar=tqdm) -> list:
         """[(Candidate, its last rung's record)], fastest first."""
@@ -204,8 +214,8 @@ class Tune:
     def full(self, c, i: int) -> dict:
         seed = self.base.seed + i
         if c is None:
-            return self.trial(f"verify-baseline-s{seed}", "verify", "baseline", [], self.base.steps, seed,
-                              self.base.eval_every)
+            return self.trial(f"verify-baseline-s{seed}", "diagnose" if i == 0 else "verify", "baseline", [],
+                              self.base.steps, seed, self.base.eval_every)
         steps, every = self.full_steps(c)
         return self.trial(f"verify-{slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
 
@@ -229,13 +239,12 @@ class Tune:
 
     def affordable(self, c, i: int) -> bool:
         key = f"verify-{'baseline' if c is None else slug(c.name)}-s{self.base.seed + i}"
-        steps = self.base.steps if c is None else self.full_steps(c)[0]
-        return key in self.log.done or self.budget.covers(self.estimate(c, steps, True))
+        return key in self.log.done or self.budget.covers(self.full_estimate(c))
 
     def judge(self, c):
         """(headline Verdict, note) of candidate `c` against the baseline over their verification runs so far."""
         runs = load_local([r["dir"] for r in self.log.done.values()
-                           if r["phase"] == "verify" and r["candidate"] in ("baseline", c.name)
+                           if r["phase"] in FULL and r["candidate"] in ("baseline", c.name)
                            and r["status"] == "completed"])
         groups = seed_groups(runs)
         base = [g for g in groups if any(r["dir"] in self.dirs("baseline") for r in g.runs)]
@@ -246,11 +255,11 @@ class Tune:
         return (verdicts[QUALITY[0]], note) if verdicts.get(QUALITY[0]) else None
 
     def dirs(self, cand: str) -> set:
-        return {r["dir"] for r in self.log.done.values() if r["phase"] == "verify" and r["candidate"] == cand}
+        return {r["dir"] for r in self.log.done.values() if r["phase"] in FULL and r["candidate"] == cand}
 
     def verification_report(self):
         """compare's seed-group report over every verification run (None before any)."""
-        runs = load_local([r["dir"] for r in self.log.done.values() if r["phase"] == "verify"
+        runs = load_local([r["dir"] for r in self.log.done.values() if r["phase"] in FULL
                            and r["status"] == "completed"])
         groups = seed_groups(runs)
         base = next((i for i, g in enumerate(groups) if any(r["dir"] in self.dirs("baseline") for r in g.runs)), None)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# ringexp.tune on the slow-link story (scripts/cluster_story.sh's task and link: 2 nodes x 2 ranks at 25 Mbit/s,
+# plain DDP 120 steps as the baseline), against an exhaustive sweep of the same search space.
+#   scripts/tune_story.sh [exhaustive] [planner] [random]     (default: all three; needs root)
+# exhaustive: every candidate of the space at full length once, seed 0, through Slurm. The story's own seed-0 runs
+#   (outputs/cluster-story: ddp, ddp_tuned, hierarchical, hierarchical_int8, ring_fp16, ddp_powersgd, fsdp, ddp_topk,
+#   ddp + accumulation x4) are its first part; this makes the rest in outputs/tune-story/exhaustive (about 40 min).
+# planner, random: the tune with the planner's order and pruning, and with a shuffled order and none, at the same
+#   budget, into outputs/tune-story/{planner,random} (each about 25 min).
+# Then scripts/tune_story_report.py writes outputs/tune-story/report.md (docs/results/tune-story.md).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/setup.sh" >/dev/null
+out="$root/outputs/tune-story"
+cluster="$root/scripts/cluster_local.sh"
+task=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.0 data.val_size=1024 logger=none)
+slurm=(hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 hydra.launcher.array_parallelism=1)
+presets="ddp,ddp_fp16,ddp_tuned,hierarchical,hierarchical_int8,ring_fp16,ring_int8,ddp_powersgd,ddp_topk,fsdp"
+knobs="accumulation.steps=4,compression.ratio=0.05,compression.rank=2,compression.start_step=10"
+budget=24  # machine minutes: about a third of the exhaustive sweep's
+parts=("${@:-exhaustive planner random}")
+trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
+"$cluster" up --nodes 2 --rate 25mbit --slurm
+eval "$("$cluster" env)"
+mkdir -p "$out"
+
+sweep() {  # sweep NAME OVERRIDES...: one Slurm sweep over both nodes into $out/exhaustive/NAME
+  local name="$1"; shift
+  python -m ringexp.train -m "${slurm[@]}" "${task[@]}" "hydra.sweep.dir=$out/exhaustive/$name" "$@" >/dev/null
+}
+if [[ " ${parts[*]} " == *" exhaustive "* ]]; then
+  sweep presets +parallel=ddp_fp16,ring_int8 steps=120 eval_every=5
+  sweep knobs-topk +parallel=ddp_topk compression.ratio=0.05 steps=120 eval_every=5
+  # rank 2 and start 10 alone are candidates; (8, 60) is the preset again (drift since the story); (2, 10) extra
+  sweep knobs-psgd +parallel=ddp_powersgd compression.rank=2,8 compression.start_step=10,60 steps=120 eval_every=5
+  sweep acc4 "+parallel=hierarchical_int8,ring_int8,ddp_topk,ring_fp16,hierarchical,ddp_fp16,ddp_powersgd,ddp_tuned,fsdp" \
+    accumulation.steps=4 steps=30 eval_every=2  # the same samples as 120 steps of one micro-batch
+fi
+for search in planner random; do
+  [[ " ${parts[*]} " == *" $search "* ]] || continue
+  rm -rf "$out/$search"
+  python -m ringexp.tune "${slurm[@]}" "${task[@]}" +parallel=ddp steps=120 eval_every=5 "tune.presets=[$presets]" \
+    "tune.knobs=[$knobs]" "tune.budget_min=$budget" tune.search=$search tune.seeds=3 tune.verify=6 \
+    tune.trial_steps=20 tune.rungs=1 "tune.out=$out/$search"
+done
+python "$root/scripts/tune_story_report.py" "$out"
