@@ -17,7 +17,7 @@ task=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.
 slurm=(hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 hydra.launcher.array_parallelism=1)
 presets="ddp,ddp_fp16,ddp_tuned,hierarchical,hierarchical_int8,ring_fp16,ring_int8,ddp_powersgd,ddp_topk,fsdp"
 knobs="accumulation.steps=4,compression.ratio=0.05,compression.rank=2,compression.start_step=10"
-budget=24  # machine minutes: about a third of the exhaustive sweep's
+budget=36  # machine minutes: every trial, and verification down to the first equivalent candidate
 parts=("${@:-exhaustive planner random}")
 trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
 "$cluster" up --nodes 2 --rate 25mbit --slurm

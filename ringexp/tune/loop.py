@@ -64,7 +64,8 @@ class Tune:
         self.log = trials.Log(out / "trials.jsonl")
         self.budget = Budget(tc.budget_min * 60, self.log)
         self.group = f"tune-{out.name}"
-        self.cands, self.left_out, self.refused, self.verified, self.chosen = [], [], [], [], None
+        self.cands, self.left_out, self.refused, self.verified, self.skipped = [], [], [], [], []
+        self.chosen = None
         self.cluster = self.compute = self.fit = None
 
     # -- one trial ----------------------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ class Tune:
             return self.log.done[key]
         own = self.base_overrides if cand == "baseline" else [*self.rest, *overrides]
         line = [*own, f"steps={steps}", f"eval_every={every}", f"seed={seed}", f"name={self.group}"]
-        if phase != "verify":
+        if phase == "try":
             line.append(f"logger.log_every={max(1, (steps - self.base.throughput_warmup) // 10)}")
         rec = trials.run(self.cmd, line, self.out / "trials" / key, self.tc.trial_timeout_s)
         return self.log.add(rec | {"key": key, "phase": phase, "candidate": cand, "overrides": overrides,
@@ -134,7 +135,9 @@ class Tune:
                                 space.fingerprint(self.base), strict=True)
 
     def predicted(self, cfg, cl=None, compute=None) -> dict:
-        return plan.row("", cfg, cl or self.cluster, self.shapes, compute or self.compute, True)
+        """The planner's row for `cfg`, from the cluster file's codec costs (not PowerSGD measured here, whose noise
+        would make two equal configurations predict apart)."""
+        return plan.row("", cfg, cl or self.cluster, self.shapes, compute or self.compute, False)
 
     def find_cluster(self, summary: dict):
         """tune.cluster, else the conf/cluster file of this job's shape and link, else one calibrated here."""
@@ -177,10 +180,10 @@ class Tune:
 
     def reserve(self) -> float:
         """What verifying one candidate still needs: the baseline's seeds not run yet, and the seeds of the
-        costliest of the first three candidates."""
+        first candidate in the order."""
         base = sum(self.full_estimate(None) for i in range(self.tc.seeds)
                    if f"verify-baseline-s{self.base.seed + i}" not in self.log.done)
-        return base + self.tc.seeds * max(self.full_estimate(c) for c in self.order[:3])
+        return base + self.tc.seeds * self.full_estimate(self.order[0])
 
     def search(self, bar=tqdm) -> list:
         """[(Candidate, its last rung's record)], fastest first."""
@@ -221,21 +224,37 @@ class Tune:
 
     def verify(self, tried: list, bar=tqdm) -> None:
         """Fastest first: seed 0 of candidate and baseline (a validation-set verdict); a candidate not worse runs
-        the other seeds (a paired verdict over seeds); the first equivalent (or better) one is chosen."""
-        for c, _ in bar(tried[:self.tc.verify], desc="verify", leave=False):
-            for i in range(self.tc.seeds):
-                if not all(self.affordable(x, i) for x in (None, c)):
-                    return
-                runs = [self.full(None, i), self.full(c, i)]
-                if any(r["status"] != "completed" for r in runs):
-                    break
-                verdict = self.judge(c)
-                if verdict and (verdict[0].word in ("worse", "not equivalent") or i == self.tc.seeds - 1):
-                    break
-            self.verified.append((c, self.judge(c)))
-            if self.verified[-1][1] and self.verified[-1][1][0].word in ("equivalent", "better"):
+        the other seeds (a paired verdict over seeds); the first equivalent (or better) one is chosen. A knob value
+        that made one candidate worse is not verified again on another (`blamed`)."""
+        blamed = {}
+        for c, _ in bar(tried, desc="verify", leave=False):
+            if len(self.verified) == self.tc.verify:
+                return
+            if (why := next((k for k in c.overrides[1:] if k in blamed), None)) is not None:
+                self.skipped.append((c, f"{why} made {blamed[why]} worse"))
+                continue
+            if not self.verify_one(c):
+                return
+            verdict = self.verified[-1][1]
+            if verdict and verdict[0].word in ("equivalent", "better"):
                 self.chosen = c
                 return
+            if verdict and verdict[0].word == "worse":
+                blamed |= {k: c.name for k in c.overrides[1:]}
+
+    def verify_one(self, c) -> bool:
+        """Run `c`'s seeds (and the baseline's) as far as they decide; False where the budget ran out first."""
+        for i in range(self.tc.seeds):
+            if not all(self.affordable(x, i) for x in (None, c)):
+                return False
+            runs = [self.full(None, i), self.full(c, i)]
+            if any(r["status"] != "completed" for r in runs):
+                break
+            verdict = self.judge(c)
+            if verdict and verdict[0].word in ("worse", "not equivalent"):
+                break
+        self.verified.append((c, self.judge(c)))
+        return True
 
     def affordable(self, c, i: int) -> bool:
         key = f"verify-{'baseline' if c is None else slug(c.name)}-s{self.base.seed + i}"

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from omegaconf import OmegaConf
 
+from ringexp import records
 from ringexp.compare.cells import markdown_table
 from ringexp.config import plain
 from ringexp.plotting import pyplot
@@ -28,8 +29,24 @@ def write(t, checks: list, argv: list, note: str = "") -> str:
     (t.out / "playbook.md").write_text("\n".join(parts) + "\n")
     if t.chosen:
         (t.out / BEST).write_text(best_yaml(t))
+    if (rep := t.verification_report()) is not None:
+        rep.write(t.out)  # groups.csv and quality.json, as compare writes them (the planner reads quality=)
+    records.write_json(t.out / "result.json", result(t, chosen, rep))
     plots(t)
     return chosen
+
+
+def result(t, chosen: str, rep) -> dict:
+    """The tune's outcome in numbers (result.json): what docs/results tables are made from."""
+    spent = defaultdict(float)
+    for r in t.log.done.values():
+        spent[r["phase"]] += r.get("wall_s", 0.0)
+    fit = t.fit and {k: v for k, v in t.fit.items() if k not in ("cluster", "compute")}
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rep.rows] if rep else []
+    return {"chosen": t.chosen and t.chosen.name, "command": chosen, "machine_s": sum(spent.values()),
+            "phases": dict(spent), "budget_s": t.budget.total_s, "refit": fit, "groups": rows,
+            "verified": [{"candidate": c.name, "verdict": v and v[0].record(), "note": v and v[1]}
+                         for c, v in t.verified], "skipped": [[c.name, why] for c, why in t.skipped]}
 
 
 def command(t, c) -> str:
@@ -110,7 +127,7 @@ def verify_part(t) -> list:
     if rep is None:
         return ["Not reached."]
     lines = [f"- {c.name}: {v[0].text() if v else 'no verdict'}" + (f" ({v[1]})" if v and v[1] else "")
-             for c, v in t.verified]
+             for c, v in t.verified] + [f"- {c.name}: not verified ({why})" for c, why in t.skipped]
     return [*rep.markdown().splitlines(), "", "Candidates verified, fastest trial first:", "", *lines]
 
 
