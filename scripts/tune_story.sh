@@ -19,8 +19,10 @@ presets="ddp,ddp_fp16,ddp_tuned,hierarchical,hierarchical_int8,ring_fp16,ring_in
 knobs="accumulation.steps=4,compression.ratio=0.05,compression.rank=2,compression.start_step=10"
 budget=36  # machine minutes: every trial, and verification down to the first equivalent candidate
 parts=("${@:-exhaustive planner random}")
-trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
-"$cluster" up --nodes 2 --rate 25mbit --slurm
+if ! "$cluster" status >/dev/null 2>&1; then  # take down only what this script brought up
+  trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
+  "$cluster" up --nodes 2 --rate 25mbit --slurm
+fi
 eval "$("$cluster" env)"
 mkdir -p "$out"
 
