@@ -5,6 +5,7 @@ The exhaustive sweep's first part is the slow-link story's seed-0 runs (outputs/
 judged on the validation set against DDP's seed-0 run (one run each: compare's validation-set bootstrap)."""
 
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def report(out: Path) -> str:
     ok = [r for r in cands if r["verdict"] in ("equivalent", "better")]
     best = max(ok, key=lambda r: r["whole_s"]) if ok else None
     base = next(r for r in rows if r["verdict"] == "baseline")
-    lines = [f"## Exhaustive sweep: {len(cands)} candidates and the baseline, full length, seed 0", "",
+    lines = [f"## Exhaustive sweep: {len(cands) - 1} candidates and the baseline, full length, seed 0", "",
              "samples/s: the median over logged intervals (ringexp's throughput); whole run: samples over training "
              "seconds, which counts PowerSGD's uncompressed first steps; ranked by the whole run.", "",
              *markdown_table(["candidate", "samples/s", "whole run", "x ddp", "to 0.90 s", "final AUROC",
@@ -76,11 +77,52 @@ def report(out: Path) -> str:
                               for r in sorted(rows, key=lambda r: -r["whole_s"])]), "",
              f"Machine time of the candidates and the baseline: {ex_s:.0f} s ({sum(r['wall_s'] for r in cands):.0f} s "
              f"of runs, plus {overhead:.0f} s of launch per run as the tunes measured it). Best equivalent: "
-             f"{best['candidate'] if best else 'none'} at {best['whole_s'] if best else 0:.1f} samples/s over the whole "
-             "run.", ""]
+             f"{best['candidate'] if best else 'none'} at {best['whole_s'] if best else 0:.1f} samples/s over the "
+             "whole run.", ""]
     for name, t in tunes.items():
         lines += tune_lines(name, t, ex_s, best, base)
+    if tunes["planner"]:
+        lines += replay(tunes["planner"], cands, base)
     return "\n".join(lines) + "\n"
+
+
+def replay(t, cands: list, base: dict, draws: int = 2000) -> list:
+    """The trial phase replayed from the planner tune's measured trials (their cost and order): with T seconds for
+    trials, which candidates each order gets to try, and the best whole-run samples/s among the tried ones that the
+    exhaustive sweep judged equivalent; random order over `draws` shuffles (median, and how often it tried the
+    exhaustive sweep's best equivalent)."""
+    tried = [x for x in t["trials"] if x["phase"] == "try"]
+    by = {r["candidate"]: r for r in cands}
+    key = {x["candidate"]: f"+parallel={x['candidate'].split()[0]}" + "".join(f" {o}" for o in x["overrides"][1:])
+           for x in tried}
+    ok = {k: by[v]["whole_s"] for k, v in key.items() if v in by and by[v]["verdict"] in ("equivalent", "better")}
+    top = max(ok, key=ok.get) if ok else None
+    rng = random.Random(0)
+    rows = []
+    for budget in (100, 200, 300, 400, 600, 900):
+        got = prefix(tried, budget)
+        mine = max((ok.get(x["candidate"], 0.0) for x in got), default=0.0)
+        rand = [prefix(rng.sample(tried, len(tried)), budget) for _ in range(draws)]
+        best = [max((ok.get(x["candidate"], 0.0) for x in r), default=0.0) for r in rand]
+        hit = sum(any(x["candidate"] == top for x in r) for r in rand) / draws
+        rows.append([str(budget), str(len(got)), f"{mine / base['whole_s']:.2f}x",
+                     "yes" if any(x["candidate"] == top for x in got) else "no",
+                     f"{statistics.median(best) / base['whole_s']:.2f}x", f"{hit:.0%}"])
+    return ["## Planner order against random order (replayed from the measured trials)", "",
+            f"The exhaustive sweep's best equivalent among the trials: {top}. Budget: seconds of trials.", "",
+            *markdown_table(["trial budget s", "planner: trials", "planner: best equivalent tried",
+                             "planner tried the best", "random: median best equivalent tried",
+                             "random tried the best"], rows), ""]
+
+
+def prefix(trials: list, budget: float) -> list:
+    out, spent = [], 0.0
+    for x in trials:
+        if spent + x["wall_s"] > budget:
+            break
+        spent += x["wall_s"]
+        out.append(x)
+    return out
 
 
 def tune_lines(name: str, t, ex_s: float, best, base) -> list:

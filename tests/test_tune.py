@@ -94,7 +94,7 @@ def tune_args(tmp_path, out):
     wrapper.write_text(CRASH.format(python=sys.executable))
     wrapper.chmod(0o755)
     return [*TASK, "steps=24", "eval_every=12", "tune.budget_min=20", "tune.trial_steps=8", "tune.rungs=1",
-            "tune.seeds=1", "tune.verify=2", "tune.presets=[ddp_fp16,ring_int8]", "tune.knobs=[accumulation.steps=2]",
+            "tune.seeds=1", "tune.verify=2", "tune.presets=[ddp_fp16,ring_int8]", "tune.knobs=[]",
             "tune.cluster=local_2x2_1gbit", f"tune.command={wrapper}", f"tune.out={out}"]
 
 

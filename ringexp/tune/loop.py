@@ -243,10 +243,11 @@ class Tune:
                 blamed |= {k: c.name for k in c.overrides[1:]}
 
     def verify_one(self, c) -> bool:
-        """Run `c`'s seeds (and the baseline's) as far as they decide; False where the budget ran out first."""
+        """Run `c`'s seeds (and the baseline's) as far as they decide; False, before any, where the budget cannot
+        pay for all of them (a candidate verified on fewer seeds than it needs could not be chosen)."""
+        if not self.budget.covers(sum(self.cost(x, i) for i in range(self.tc.seeds) for x in (None, c))):
+            return False
         for i in range(self.tc.seeds):
-            if not all(self.affordable(x, i) for x in (None, c)):
-                return False
             runs = [self.full(None, i), self.full(c, i)]
             if any(r["status"] != "completed" for r in runs):
                 break
@@ -256,9 +257,10 @@ class Tune:
         self.verified.append((c, self.judge(c)))
         return True
 
-    def affordable(self, c, i: int) -> bool:
+    def cost(self, c, i: int) -> float:
+        """What seed `i`'s full-length run of `c` (None: the baseline) still costs: 0 once recorded."""
         key = f"verify-{'baseline' if c is None else slug(c.name)}-s{self.base.seed + i}"
-        return key in self.log.done or self.budget.covers(self.full_estimate(c))
+        return 0.0 if key in self.log.done else self.full_estimate(c)
 
     def judge(self, c):
         """(headline Verdict, note) of candidate `c` against the baseline over their verification runs so far."""
