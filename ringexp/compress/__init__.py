@@ -61,6 +61,12 @@ def refusal(c, algorithm: str, where: str):
     return None
 
 
+def first_compressed_step(c) -> int:
+    """The first step whose gradients go compressed (1 for every compressor but PowerSGD's warm-up): what a run
+    shorter than that measures is the uncompressed all-reduce."""
+    return powersgd.first_step(c) if c.name == "powersgd" else 1
+
+
 def ratio_at(c, step: int) -> float:
     """Sparsity warm-up (Deep Gradient Compression): the ratio falls geometrically from warmup_ratio to ratio
     over the first warmup_steps steps, so early, large gradients are not cut to 1% at once."""

@@ -18,10 +18,15 @@ def sum_dtype(c):
     return None
 
 
+def first_step(c) -> int:
+    """The first step PowerSGD compresses (torch's start_powerSGD_iter: it needs >= 2)."""
+    return max(2, c.start_step)
+
+
 def hook(c, error_feedback: bool):
     """(state, hook) for DDP's register_comm_hook: PyTorch's own PowerSGD."""
     state = powerSGD_hook.PowerSGDState(
-        process_group=None, matrix_approximation_rank=c.rank, start_powerSGD_iter=max(2, c.start_step),
+        process_group=None, matrix_approximation_rank=c.rank, start_powerSGD_iter=first_step(c),
         use_error_feedback=error_feedback, warm_start=True)
     return state, in_order(powerSGD_hook.powerSGD_hook)
 

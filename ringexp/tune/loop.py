@@ -20,10 +20,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ringexp import records
+from ringexp import compress, records
 from ringexp.compare import load_local
 from ringexp.compare.groups import QUALITY, judge, report, seed_groups
-from ringexp.config import CONF_DIR, PlanConfig
+from ringexp.config import CONF_DIR, CompressionConfig, PlanConfig
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.plan import clusters
@@ -134,10 +134,30 @@ class Tune:
         _, _ = space.candidates(self.rest, list(self.tc.presets), space.knobs(self.tc.knobs), None, None,
                                 space.fingerprint(self.base), strict=True)
 
-    def predicted(self, cfg, cl=None, compute=None) -> dict:
-        """The planner's row for `cfg`, from the cluster file's codec costs (not PowerSGD measured here, whose noise
-        would make two equal configurations predict apart)."""
-        return plan.row("", cfg, cl or self.cluster, self.shapes, compute or self.compute, False)
+    def predicted(self, cfg, cl=None, compute=None, window=None) -> dict:
+        """The planner's row for `cfg` over the steps `window` = (first, last) that a measurement covers (None: a
+        full-length run), from the cluster file's codec costs (not PowerSGD measured here, whose noise would make
+        two equal configurations predict apart). Steps before the compressor's first compressed one (PowerSGD's
+        start_step) are predicted uncompressed: a short trial of PowerSGD measures plain DDP."""
+        cl, compute = cl or self.cluster, compute or self.compute
+        row = plan.row("", cfg, cl, self.shapes, compute, False)
+        first, last = window or (1, math.ceil(self.base.steps * self.base.accumulation.steps
+                                              / cfg.accumulation.steps))
+        start = compress.first_compressed_step(cfg.compression)
+        if start <= first:
+            return row
+        plain = plan.row("", dataclasses.replace(cfg, compression=CompressionConfig()), cl, self.shapes, compute,
+                         False)
+        f = max(0, last - start + 1) / (last - first + 1)
+        step = f * row["step_s"] + (1 - f) * plain["step_s"]
+        return row | {"step_s": step, "samples_s": row["samples_s"] * row["step_s"] / step}
+
+    def at_trial(self, rec: dict, cl=None, compute=None) -> float:
+        """The predicted step of trial record `rec`: over the steps its throughput was measured on."""
+        by_name = {c.name: c for c in self.cands}
+        cfg = by_name[rec["candidate"]].cfg if rec["candidate"] in by_name else self.base
+        window = (min(self.base.throughput_warmup + 1, rec["steps"]), rec["steps"])
+        return self.predicted(cfg, cl, compute, window)["step_s"]
 
     def find_cluster(self, summary: dict):
         """tune.cluster, else the conf/cluster file of this job's shape and link, else one calibrated here."""
@@ -288,13 +308,10 @@ class Tune:
 
     # -- refit ------------------------------------------------------------------------------------------------------
     def refit(self) -> None:
-        by_name = {c.name: c for c in self.cands}
-        points = [(by_name[r["candidate"]].cfg if r["candidate"] in by_name else self.base, r["step_s"])
-                  for r in self.log.done.values()
+        points = [(r, r["step_s"]) for r in self.log.done.values()
                   if r["phase"] in ("diagnose", "try") and r["status"] == "completed"]
         if len(points) >= 2:
-            self.fit = refit(points, self.cluster, self.compute,
-                             lambda cfg, cl, comp: self.predicted(cfg, cl, comp)["step_s"])
+            self.fit = refit(points, self.cluster, self.compute, lambda r, cl, comp: self.at_trial(r, cl, comp))
 
 
 def cluster_file(name: str) -> Path:

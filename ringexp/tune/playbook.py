@@ -80,14 +80,12 @@ TRIAL_HEAD = ["trial", "candidate", "steps", "predicted ms", "refitted ms", "mea
 
 
 def trial_rows(t) -> list:
-    by_name = {c.name: c for c in t.cands}
     out = []
     for r in t.log.done.values():
         if r["phase"] not in ("diagnose", "try"):
             continue
-        cfg = by_name[r["candidate"]].cfg if r["candidate"] in by_name else t.base
-        pred = t.predicted(cfg)["step_s"] if t.cluster else None
-        after = t.predicted(cfg, t.fit["cluster"], t.fit["compute"])["step_s"] if t.fit else None
+        pred = t.at_trial(r) if t.cluster else None
+        after = t.at_trial(r, t.fit["cluster"], t.fit["compute"]) if t.fit else None
         ok = r["status"] == "completed"
         out.append([r["key"], r["candidate"], str(r["steps"]), ms(pred), ms(after), ms(r.get("step_s")),
                     f"{r['samples_s']:.1f}" if ok else "-",
@@ -135,14 +133,12 @@ def plots(t) -> None:
     plt = pyplot()
     done = [r for r in t.log.done.values() if r["phase"] in ("diagnose", "try") and r["status"] == "completed"]
     if t.cluster and done:
-        by_name = {c.name: c for c in t.cands}
-        cfgs = [by_name[r["candidate"]].cfg if r["candidate"] in by_name else t.base for r in done]
         meas = [r["step_s"] for r in done]
         fig, ax = plt.subplots(figsize=(5, 5))
-        ax.scatter(meas, [t.predicted(c)["step_s"] for c in cfgs], label="planner")
+        ax.scatter(meas, [t.at_trial(r) for r in done], label="planner")
         if t.fit:
-            ax.scatter(meas, [t.predicted(c, t.fit["cluster"], t.fit["compute"])["step_s"] for c in cfgs],
-                       marker="x", label="after the refit")
+            ax.scatter(meas, [t.at_trial(r, t.fit["cluster"], t.fit["compute"]) for r in done], marker="x",
+                       label="after the refit")
         lo, hi = min(meas) / 2, max(meas) * 2
         ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
         ax.set(xscale="log", yscale="log", xlabel="measured step (s)", ylabel="predicted step (s)",
