@@ -265,7 +265,8 @@ class Tune:
     def verify_one(self, c) -> bool:
         """Run `c`'s seeds (and the baseline's) as far as they decide; False, before any, where the budget cannot
         pay for all of them (a candidate verified on fewer seeds than it needs could not be chosen)."""
-        if not self.budget.covers(sum(self.cost(x, i) for i in range(self.tc.seeds) for x in (None, c))):
+        if not self.decided(c) and not self.budget.covers(sum(self.cost(x, i) for i in range(self.tc.seeds)
+                                                              for x in (None, c))):
             return False
         for i in range(self.tc.seeds):
             runs = [self.full(None, i), self.full(c, i)]
@@ -276,6 +277,13 @@ class Tune:
                 break
         self.verified.append((c, self.judge(c)))
         return True
+
+    def decided(self, c) -> bool:
+        """Whether `c`'s recorded runs already decide it (a continued tune): every seed run, or a verdict that
+        stops verification early."""
+        done = all(self.cost(x, i) == 0 for i in range(self.tc.seeds) for x in (None, c))
+        verdict = self.judge(c)
+        return done or bool(verdict and verdict[0].word in ("worse", "not equivalent"))
 
     def cost(self, c, i: int) -> float:
         """What seed `i`'s full-length run of `c` (None: the baseline) still costs: 0 once recorded."""
