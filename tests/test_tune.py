@@ -141,6 +141,10 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     book = (out / "playbook.md").read_text()
     assert "## Checklist" in book and "crashed: exit code" in book and "Median error" in book, book
     chosen = stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    third = start_tune(args)  # a finished tune, run again: the same choice from its records, nothing run
+    out3, err3 = third.communicate(timeout=300)
+    assert third.returncode == 0 and out3.strip().splitlines()[-1].split(": ", 1)[1] == chosen, err3[-2000:]
+    assert lines(out / "trials.jsonl") == after
     if (out / "best.yaml").exists():  # the choice, as best.yaml and as the printed command, is one configuration
         assert composed(chosen.split()[3:], out) == composed([*TASK, "+experiment=best"], out, best=True)
 
