@@ -51,7 +51,7 @@ def reachable(cmd: list, train: list) -> None:
         checks.append(["sinfo", "-h", "-o", "%P"])
     for check in checks:
         try:
-            got = subprocess.run(check, capture_output=True, text=True, timeout=30)
+            got = subprocess.run(check, capture_output=True, text=True, timeout=10)
             ok = got.returncode == 0 and got.stdout.strip()
         except (OSError, subprocess.TimeoutExpired) as e:
             got, ok = None, False
