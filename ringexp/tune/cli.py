@@ -103,7 +103,9 @@ def main(argv=None) -> int:
         return 0
     try:
         tc, train = parse(args)
-        out = Path(tc.out or Path("outputs", "tune", datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")))
+        # absolute: a trial's run directory is given to launchers that may start it elsewhere (a Slurm task)
+        when = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        out = Path(tc.out or Path("outputs", "tune", when)).absolute()
         tune = Tune(tc, train, out)
         reachable(tune.cmd, train)
         again = check_out(out, tc, train)
