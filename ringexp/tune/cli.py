@@ -136,5 +136,6 @@ def run(tune: Tune, argv: list) -> int:
     spent = tune.budget.spent()
     print(f"ringexp: tune {'interrupted' if code else 'done'} in {spent / 60:.1f} machine min "
           f"(budget {tune.tc.budget_min:g}); wrote {tune.out}/playbook.md")
-    print(f"ringexp: {'chosen' if tune.chosen else 'kept the baseline'}: {chosen}")
+    said = "chosen" if tune.chosen else "nothing chosen yet; the baseline" if code else "kept the baseline"
+    print(f"ringexp: {said}: {chosen}")
     return code
