@@ -225,8 +225,8 @@ class Tune:
             alive = [c for c, _ in ranked[:max(self.tc.verify, math.ceil(len(ranked) / self.tc.eta))]]
             if len(ranked) <= self.tc.verify or rung == self.tc.rungs - 1:
                 break
-        rung_of = {name: int(rec["key"].split("-")[1][1:]) for name, (_, rec) in last.items()}
-        return sorted(last.values(), key=lambda cr: (-rung_of[cr[0].name], -cr[1]["samples_s"]))
+        # the candidates of the last rung first (measured longest), then by throughput
+        return sorted(last.values(), key=lambda cr: (-cr[1]["steps"], -cr[1]["samples_s"]))
 
     # -- verify ---------------------------------------------------------------------------------------------------
     def full_steps(self, c) -> tuple:

@@ -2,7 +2,6 @@
 verification's verdicts, the choice and the time per phase), best.yaml, trials.jsonl (written as it goes) and two
 plots: predicted against measured step time (before and after the refit) and throughput against quality."""
 
-import statistics
 from collections import defaultdict
 
 from omegaconf import OmegaConf
@@ -19,20 +18,21 @@ BEST = "best.yaml"  # a +experiment file: copy it to conf/experiment/ (docs/tune
 def write(t, checks: list, argv: list, note: str = "") -> str:
     """playbook.md, best.yaml and the plots of Tune `t`; the chosen command line (or the baseline's)."""
     chosen = command(t, t.chosen)
+    rep = t.verification_report()  # once: each verdict on one seed is a 2000-resample bootstrap
     parts = [f"# Tune playbook: {t.out.name}", "", f"Tune: `python -m ringexp.tune {' '.join(argv)}`", "",
              f"Chosen: `{chosen}`" if t.chosen else f"Kept the baseline: `{chosen}` (no candidate was verified as "
              "equivalent)", *(["", note] if note else []), "", "## Time per phase (machine seconds)", "",
              *markdown_table(["phase", "seconds", "trials"], phase_rows(t)), "", "## Checklist (seed article 004)",
              "", *markdown_table(["check", "numbers", "verdict"], [list(c) for c in checks]), "",
              *planner_part(t), "", "## Trials", "", *markdown_table(TRIAL_HEAD, trial_rows(t)), "",
-             *left_out_part(t), "## Verification (full length, over seeds)", "", *verify_part(t)]
+             *left_out_part(t), "## Verification (full length, over seeds)", "", *verify_part(t, rep)]
     (t.out / "playbook.md").write_text("\n".join(parts) + "\n")
     if t.chosen:
         (t.out / BEST).write_text(best_yaml(t))
-    if (rep := t.verification_report()) is not None:
+    if rep is not None:
         rep.write(t.out)  # groups.csv and quality.json, as compare writes them (the planner reads quality=)
     records.write_json(t.out / "result.json", result(t, chosen, rep))
-    plots(t)
+    plots(t, rep)
     return chosen
 
 
@@ -120,8 +120,7 @@ def left_out_part(t) -> list:
     return (["## Left out", "", *markdown_table(["candidate", "why"], rows), ""]) if rows else []
 
 
-def verify_part(t) -> list:
-    rep = t.verification_report()
+def verify_part(t, rep) -> list:
     if rep is None:
         return ["Not reached."]
     lines = [f"- {c.name}: {v[0].text() if v else 'no verdict'}" + (f" ({v[1]})" if v and v[1] else "")
@@ -129,7 +128,7 @@ def verify_part(t) -> list:
     return [*rep.markdown().splitlines(), "", "Candidates verified, fastest trial first:", "", *lines]
 
 
-def plots(t) -> None:
+def plots(t, rep) -> None:
     plt = pyplot()
     done = [r for r in t.log.done.values() if r["phase"] in ("diagnose", "try") and r["status"] == "completed"]
     if t.cluster and done:
@@ -147,11 +146,10 @@ def plots(t) -> None:
         fig.tight_layout()
         fig.savefig(t.out / "predicted_vs_measured.png", dpi=100)
         plt.close(fig)
-    quality_plot(t, plt)
+    quality_plot(t, rep, plt)
 
 
-def quality_plot(t, plt) -> None:
-    rep = t.verification_report()
+def quality_plot(t, rep, plt) -> None:
     if rep is None or rep.base is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -166,7 +164,3 @@ def quality_plot(t, plt) -> None:
     fig.tight_layout()
     fig.savefig(t.out / "throughput_quality.png", dpi=100)
     plt.close(fig)
-
-
-def median_error(values) -> float | None:
-    return statistics.median(values) if values else None
