@@ -8,6 +8,7 @@ groups (combinations, data files, the machine) is checked by ringexp.validate. W
 dataclasses, with enums where a field has a fixed set of values.
 """
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -425,12 +426,29 @@ class BenchConfig:
         need(0 < self.timeout_s <= 86400, "bench: timeout_s", self.timeout_s, "must be in (0, 86400] seconds")
 
 
+# How a level's bytes travel (a cluster file's `transport`): each has a documented share of line rate it reaches
+# (ringexp.costmodel.EFFICIENCY); "measured" is a level whose beta calibrate measured, so it already includes it.
+TRANSPORTS = ("measured", "nvlink", "pcie", "rdma", "socket")
+GPU_ARCHS = ("volta", "ampere", "hopper")  # NCCL's low-latency protocols' bandwidth caps differ by generation
+
+
+def bytes_per_s(rate: str) -> float | None:
+    """A tc-style rate ('25mbit', '1gbit', '12.5mbps': bytes) in bytes per second; None if it is not one."""
+    got = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)(bit|bps)", rate.strip().lower())
+    if not got:
+        return None
+    n = float(got[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[got[2]]
+    return n / 8 if got[3] == "bit" else n
+
+
 @dataclass
 class LinkConfig:
-    """One level of a cluster's network: a message of n bytes takes alpha_s + n * beta_s_per_byte."""
+    """One level of a cluster's network: a message of n bytes takes alpha_s + n * beta_s_per_byte / efficiency."""
     alpha_s: float = 0.0  # latency per message, seconds
-    beta_s_per_byte: float = 1e-9  # seconds per byte: 1 / bandwidth (inter: of a node's whole link)
+    beta_s_per_byte: float = 1e-9  # seconds per byte at line rate: 1 / bandwidth (inter: of a node's whole link)
     source: str = ""  # where the two numbers come from
+    transport: str = "measured"  # one of TRANSPORTS
+    efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the transport's default)
 
 
 @dataclass
@@ -448,6 +466,13 @@ class ClusterConfig:
     decode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte (decode and add)
     compute_slowdown: float = 1.0  # a rank's compute with every rank computing at once / alone (shared CPU cores)
     cpu_threads: int = 0  # a CPU rank's intra-op threads when calibrated (0: cores here / ranks per node)
+    call_s: float = 0.0  # per collective call beyond its alpha-beta time: launch and dispatch (calibrate measures)
+    bucket_s: float = 0.0  # per DDP bucket, on the training thread: the reducer's hook, copies and launch
+    gpu_arch: str = "hopper"  # nccl: the GPU generation, for NCCL's low-latency protocols' caps (GPU_ARCHS)
+    nvls: bool = False  # nccl: NVLink SHARP (NVSwitch multicast, H100 with NVLink 4 switches) is there
+    collnet: bool = False  # nccl: in-network reduction (SHARP on InfiniBand switches) is there
+    nccl_algo: str = ""  # nccl: NCCL_ALGO as the cluster's NCCL has it ("": NCCL's choice; a run's backend.env wins)
+    nccl_proto: str = ""  # nccl: NCCL_PROTO likewise
     source: str = ""
 
     def __post_init__(self):
@@ -465,6 +490,10 @@ class ClusterConfig:
                  "must be > 0 and at most 1 second per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
             need(0 <= link.alpha_s <= 60, f"cluster.{level}.alpha_s", link.alpha_s,
                  "must be >= 0 and at most 60 seconds")
+            need(link.transport in TRANSPORTS, f"cluster.{level}.transport", link.transport,
+                 f"choose one of {', '.join(TRANSPORTS)}")
+            need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
+                 "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
         costs = {"add_s_per_byte": self.add_s_per_byte} | {
             f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
             for name, v in getattr(self, f"{kind}_s_per_byte").items()}
@@ -474,6 +503,13 @@ class ClusterConfig:
              "must be > 0 and at most 1000")
         need(0 <= self.cpu_threads <= 4096, "cluster.cpu_threads", self.cpu_threads,
              "must be in [0, 4096] (0: cores / ranks)")
+        for key in ("call_s", "bucket_s"):
+            need(0 <= getattr(self, key) <= 60, f"cluster.{key}", getattr(self, key), "must be >= 0 and at most 60 s")
+        need(self.gpu_arch in GPU_ARCHS, "cluster.gpu_arch", self.gpu_arch, f"choose one of {', '.join(GPU_ARCHS)}")
+        for key in ("NCCL_ALGO", "NCCL_PROTO"):
+            value = getattr(self, key.lower())
+            need(not value or not nccl_list_error(key, value), f"cluster.{key.lower()}", value,
+                 nccl_list_error(key, value) if value else "")
 
 
 @dataclass
@@ -498,6 +534,9 @@ class PlanConfig:
     iters: int = 5  # calibrate: timed rounds per size (the median is kept)
     label: Optional[str] = None  # calibrate: the cluster's link label (null: the job's, as runs record it)
     bench: List[str] = field(default_factory=list)  # accuracy: bench.json files whose rows to predict
+    cases: List[str] = field(default_factory=list)  # accuracy: published-cases YAML files (ringexp/plan/published.yaml)
+    line_rate: Optional[str] = None  # calibrate: the inter-node link's line rate (tc's units: 25mbit, 100gbit), so
+    # that the file keeps it as beta and what the transport reaches of it as efficiency (null: the label's, if a rate)
 
     def __post_init__(self):
         need(self.nodes is None or self.nodes >= 1, "nodes", self.nodes, "must be >= 1")
@@ -508,6 +547,8 @@ class PlanConfig:
             need(getattr(self, key) is None or 0 <= getattr(self, key) <= 86400, key, getattr(self, key),
                  "must be >= 0 s and at most a day (86400)")
         need(0 <= self.quality_budget <= 1, "quality_budget", self.quality_budget, "must be in [0, 1] (macro-AUROC)")
+        need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
+             "give a rate as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
         need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
         need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",
              "need >= 1 round and sizes >= 4 bytes")

@@ -42,9 +42,30 @@ def ranks(cl) -> int:
     return cl.nodes * cl.ranks_per_node
 
 
+# The share of line rate each transport reaches, as NCCL's large-message bus bandwidth against the datasheet's
+# one-way figure (a cluster level's `transport`, unless it gives its own `efficiency`; docs/plan.md):
+# - nvlink 0.80: A100 ~230 of 300 GB/s (NVIDIA/nccl-tests#149, NVIDIA's reply), H100 370 of 450 (nccl-tests#212);
+# - pcie 0.44: 8 GPUs on PCIe 5.0, 28 of 64 GB/s (NVIDIA/nccl#1639; PCIe systems are bound by CPU and memory);
+# - rdma 0.94: DGX-1 rings, 47 of 50 GB/s on 4 x 100 Gb InfiniBand (NVIDIA/nccl#307, NVIDIA's reply; one EDR NIC:
+#   12.2 of 12.5, nccl-tests#29);
+# - socket 0.5: NCCL over TCP at 100 Gbit/s, 4-6 of 12.5 GB/s (NVIDIA/nccl#450); 25 Gbit/s, 1.7 of 3.1
+#   (nccl-tests#83); with 8 rings at 32 Gbit/s it reached 0.94 (nccl#209): sockets vary most;
+# - measured 1.0: a level whose beta calibrate measured already has it.
+EFFICIENCY = {"measured": 1.0, "nvlink": 0.80, "pcie": 0.44, "rdma": 0.94, "socket": 0.50}
+
+
+def efficiency(link) -> float:
+    return EFFICIENCY[link.transport] if link.efficiency is None else link.efficiency
+
+
+def beta(link) -> float:
+    """Seconds per byte as the level's transport moves them: line rate's beta over the share it reaches."""
+    return link.beta_s_per_byte / efficiency(link)
+
+
 def hop(link, nbytes: float) -> float:
     """One message over one link: alpha + n beta."""
-    return link.alpha_s + nbytes * link.beta_s_per_byte
+    return link.alpha_s + nbytes * beta(link)
 
 
 def slowest_hop(cl, nbytes: float) -> float:

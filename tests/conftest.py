@@ -80,6 +80,18 @@ def error_line(stderr: str) -> str:
     return lines[0]
 
 
+def plan_refusal(monkeypatch, capsys, args: list) -> str:
+    """ringexp.plan's command line on `args`, in this process (a second instead of ten): its one error line, once
+    it has checked that the command exited 2."""
+    from ringexp.plan.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2
+    return error_line(capsys.readouterr().err)
+
+
 @pytest.fixture
 def tiny():
     return list(TINY)

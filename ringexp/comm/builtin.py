@@ -3,7 +3,7 @@
 import torch.distributed as dist
 
 from ringexp import costmodel
-from ringexp.comm import ring
+from ringexp.comm import nccl, ring
 
 OPTIONS = ()  # all_reduce's options (ringexp.comm refuses others)
 
@@ -24,5 +24,8 @@ def wire_bytes(nbytes: int, world_size: int, **_options) -> int:
 
 
 def seconds(cl, nbytes: float, wire=costmodel.NONE, **_options) -> float:
-    """gloo's and NCCL's all-reduce, as the cost model has it: a ring over every rank, as ringexp's is."""
+    """gloo's all-reduce, as the cost model has it: a ring over every rank, as ringexp's is; NCCL's: the algorithm
+    and protocol NCCL would pick (ringexp.comm.nccl), on the wire format's bytes."""
+    if cl.backend == "nccl":
+        return nccl.seconds(cl, "allreduce", wire.ratio * nbytes) + nbytes * (wire.encode + wire.decode)
     return ring.seconds(cl, nbytes, wire)

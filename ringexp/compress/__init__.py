@@ -262,8 +262,12 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": c.scope})
     if m.sum_dtype(c) is not None:
         return n * (wire.encode + wire.decode) + comm.seconds(algorithm, cl, wire.ratio * n, **options)
+    if cl.backend == "nccl" and algorithm == "builtin":  # NCCL's all-gather, as NCCL would run it
+        p = costmodel.ranks(cl)
+        return comm.nccl.seconds(cl, "allgather", p * wire.ratio * n) + p * n * wire.decode + n * wire.encode + \
+            cl.call_s
     gather = costmodel.root_gather_s if algorithm == "naive" else costmodel.ring_gather_s
-    return gather(cl, wire.ratio * n, n, wire)
+    return gather(cl, wire.ratio * n, n, wire) + cl.call_s
 
 
 def parse(name: str, **fields) -> tuple:

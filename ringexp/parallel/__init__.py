@@ -11,6 +11,9 @@ Each also answers, without a process group, what it sends per step (`traffic`) a
 cluster model (`step_cost`): the run's bytes on the wire and ringexp.plan's predictions are the same code.
 """
 
+import dataclasses
+
+from ringexp.comm import nccl
 from ringexp.config import StrategyName
 from ringexp.parallel.base import Single, Strategy, World
 from ringexp.parallel.ddp import DDPStrategy
@@ -36,11 +39,16 @@ def traffic(cfg, world: World, shapes: list) -> int:
 
 
 def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
-    """The strategy's predicted step of `cfg` on cluster `cl` (comm_s, exposed_s, step_s) and the samples/s of every
-    rank together that follows."""
-    out = STRATEGIES[cfg.parallel.strategy].step_cost(cl, cfg, shapes, compute)
+    """The strategy's predicted step of `cfg` on cluster `cl` (comm_s, exposed_s, step_s), the samples/s of every
+    rank together that follows, and NCCL's algorithms and protocols in it (`nccl`: '' on gloo). The run's
+    NCCL_ALGO / NCCL_PROTO (backend.env) narrow NCCL's choice as they would NCCL's."""
+    env = cfg.backend.env
+    cl = dataclasses.replace(cl, nccl_algo=env.get("NCCL_ALGO", cl.nccl_algo),
+                             nccl_proto=env.get("NCCL_PROTO", cl.nccl_proto))
+    with nccl.recording() as chose:
+        out = STRATEGIES[cfg.parallel.strategy].step_cost(cl, cfg, shapes, compute)
     return out | {"samples_s": World.of_cluster(cl).ranks * cfg.accumulation.steps * cfg.data.batch_size
-                  / out["step_s"]}
+                  / out["step_s"], "nccl": nccl.summary(chose)}
 
 
 __all__ = ["STRATEGIES", "Strategy", "World", "build", "check", "step_cost", "traffic"]

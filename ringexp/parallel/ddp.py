@@ -90,7 +90,8 @@ class DDPStrategy(Strategy):
         produced = list(accumulate(sum(s.numel() for s in b) for b in buckets))  # gradient elements, in order
         ready = [compute["backward_s"] * n / (produced[-1] or 1) for n in produced]  # (no buckets: none ready)
         _, exposed = costmodel.overlap(ready, comm_s, compute["backward_s"])
-        return costmodel.step(sum(comm_s), exposed, compute, cfg.accumulation.steps)
+        # the reducer's work per bucket runs on the training thread, so nothing hides it
+        return costmodel.step(sum(comm_s), exposed + len(buckets) * cl.bucket_s, compute, cfg.accumulation.steps)
 
     def state_dict(self):
         """ringexp's compressor (residuals, DGC momentum, step counts) or PyTorch's PowerSGD (error feedback and

@@ -29,7 +29,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGath
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ringexp import costmodel, records
-from ringexp.comm import ring
+from ringexp.comm import nccl, ring
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
 from ringexp.errors import CheckpointError, ConfigError, one_line
@@ -95,11 +95,15 @@ class FSDPStrategy(Strategy):
         "ZeRO", SC 2020], all exposed: the model leaves out FSDP's one-block prefetch."""
         p, numel = costmodel.ranks(cl), sum(s.numel() for s in shapes)
         param, reduce, gathers, scatter = moved(cfg, cl.backend)
+        if cl.backend == "nccl":  # NCCL's own all-gather and reduce-scatter (ringexp.comm.nccl)
+            gather = nccl.seconds(cl, "allgather", param * numel)
+            comm_s = gathers * (gather + cl.call_s) + nccl.seconds(cl, "reducescatter", reduce * numel) + cl.call_s
+            return costmodel.step(comm_s, comm_s, compute, cfg.accumulation.steps)
         gather = (p - 1) * costmodel.slowest_hop(cl, param * numel / p)
         wire = costmodel.NONE if reduce == 4 else costmodel.Wire(reduce / 4, 0.0, cl.add_s_per_byte)
         ring_s = costmodel.ring_s(cl, 4 * numel, p, lambda b: costmodel.slowest_hop(cl, b), wire,
                                   segments=ring.segments(4 * numel / p))
-        comm_s = gathers * gather + ring_s * scatter / 2
+        comm_s = gathers * (gather + cl.call_s) + ring_s * scatter / 2 + cl.call_s
         return costmodel.step(comm_s, comm_s, compute, cfg.accumulation.steps)
 
     def wire_note(self) -> str:

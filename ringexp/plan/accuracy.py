@@ -13,6 +13,7 @@ import torch
 from ringexp import compress, records
 from ringexp.config import CompressionConfig, PlanConfig
 from ringexp.errors import ConfigError
+from ringexp.plan import published
 from ringexp.plotting import pyplot
 
 # what `accuracy` reads of a bench.json row, and its type
@@ -22,8 +23,41 @@ BENCH_KEYS = {"algorithm": str, "link": str, "size_bytes": int, "count": int, "n
 
 def accuracy(pc: PlanConfig, train: list = ()) -> None:
     rows = [(path, r) for path in pc.bench for r in bench_rows(path)]
-    if not rows:
-        raise ConfigError("accuracy needs bench=[PATH,...]: bench.json files of ringexp.bench run on the cluster")
+    loaded = [published.load(path) for path in pc.cases]  # every file checked before anything is predicted
+    if not rows and not loaded:
+        raise ConfigError("accuracy needs bench=[PATH,...] (bench.json files of ringexp.bench run on the cluster) "
+                          "or cases=[PATH,...] (published cases: ringexp/plan/published.yaml)")
+    text = bench_report(pc, rows) if rows else ""
+    if loaded:
+        text += ("\n" if text else "") + published_report(pc, loaded)
+    print(text, end="")
+
+
+def published_report(pc: PlanConfig, loaded: list) -> str:
+    """The published cases' table, their ratios and the summary (and accuracy-published.md/json under `out`)."""
+    got = [r for clusters, cases in loaded for c in cases for r in published.predicted(clusters, c)]
+    rats = published.ratios(got)
+    lines = ["# Published cases against the cost model", "",
+             "| case | run | measured | predicted | error | NCCL's choice (model) |", "|" + "---|" * 6]
+    lines += [f"| {r['case']} | {r['run']} | {fmt(r['unit'], r['measured'])} | {fmt(r['unit'], r['predicted'])} | "
+              f"{'(compute from it)' if r['input'] else format(r['error'], '+.1%')} | {r['chosen'] or '-'} |"
+              for r in got]
+    lines += ["", "| case | variant / baseline | measured ratio | predicted ratio | direction |", "|" + "---|" * 5]
+    lines += [f"| {r['case']} | {r['run']} / {r['baseline']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
+              f"{'right' if r['right'] else 'WRONG'} |" for r in rats]
+    text = "\n".join(lines + ["", published.summary(got, rats)]) + "\n"
+    if pc.out:
+        Path(pc.out).mkdir(parents=True, exist_ok=True)
+        Path(pc.out, "accuracy-published.md").write_text(text)
+        Path(pc.out, "accuracy-published.json").write_text(json.dumps({"runs": got, "ratios": rats}, indent=1) + "\n")
+    return text
+
+
+def fmt(unit: str, v: float) -> str:
+    return f"{v * 1e3:.1f} ms/step" if unit == "step_s" else f"{v:,.0f} samples/s"
+
+
+def bench_report(pc: PlanConfig, rows: list) -> str:
     out = [case(pc, path, r) for path, r in rows]
     errors = sorted(abs(o["error"]) for o in out)
     lines = [f"# {pc.cluster.name}: ringexp.bench medians against the cost model", "",
@@ -38,7 +72,7 @@ def accuracy(pc: PlanConfig, train: list = ()) -> None:
         Path(pc.out, "accuracy.md").write_text(text)
         Path(pc.out, "accuracy.json").write_text(json.dumps(out, indent=1) + "\n")
         accuracy_plot(pc.cluster.name, out, Path(pc.out, "accuracy.png"))
-    print(text, end="")
+    return text
 
 
 def case(pc: PlanConfig, path: str, r: dict) -> dict:

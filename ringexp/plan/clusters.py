@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ringexp import records
-from ringexp.config import CONF_DIR, ClusterConfig, load_yaml
+from ringexp.config import CONF_DIR, ClusterConfig, bytes_per_s, load_yaml
 from ringexp.errors import ConfigError
 
 LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB)
@@ -38,10 +38,24 @@ def commit() -> str:
         return "unknown"
 
 
-def from_measurements(m: dict, out: str | None, label: str | None) -> tuple:
+def inter_level(got: dict, line_rate: str | None, note: str) -> dict:
+    """The inter-node level as a file keeps it: at `line_rate` (a tc rate) with what the transport reached of it
+    as efficiency, when the rate is known and the link ran below it; else as measured."""
+    line = bytes_per_s(line_rate) if line_rate else None
+    level = {"alpha_s": got["alpha_s"], "beta_s_per_byte": got["beta_s_per_byte"], "transport": "measured",
+             "source": f"{note}; fit error by size {by_size(got)}"}
+    if line and 1 / line < got["beta_s_per_byte"]:
+        level |= {"beta_s_per_byte": 1 / line, "efficiency": (1 / line) / got["beta_s_per_byte"],
+                  "source": f"{level['source']}; line rate {line_rate}, of which the transport reached the efficiency"}
+    return level
+
+
+def from_measurements(m: dict, out: str | None, label: str | None, line_rate: str | None = None) -> tuple:
     """(name, YAML text) of a cluster file from calibrate's measurements `m`; `out`: the file's path (its stem
-    names the cluster), `label`: the link's name (else the job's, as runs record it)."""
+    names the cluster), `label`: the link's name (else the job's, as runs record it); `line_rate`: the inter-node
+    link's rate, for its efficiency (else the label's, where the label is a rate)."""
     link = label or m["link"]
+    line_rate = line_rate or (link if bytes_per_s(link) else None)
     name = Path(out).stem if out else f"calibrated_{m['nodes']}x{m['ranks_per_node']}_{link}"
     how = f"measured by python -m ringexp.plan calibrate at commit {commit()} on {date.today()}"
     levels = {}
@@ -50,18 +64,20 @@ def from_measurements(m: dict, out: str | None, label: str | None) -> tuple:
         note = how if level in m else f"not measured (no second {'rank on a node' if level == 'intra' else 'node'}"\
             f"): the other level's values"
         levels[level] = {"alpha_s": got["alpha_s"], "beta_s_per_byte": got["beta_s_per_byte"],
-                         "source": f"{note}; worst fit error {got['fit_error']:.0%}"}
+                         "source": f"{note}; fit error by size {by_size(got)}", "transport": "measured"}
+        if level == "inter" and "inter" in m:
+            levels[level] = inter_level(got, line_rate, note)
     body = {"name": name, "nodes": m["nodes"], "ranks_per_node": m["ranks_per_node"], "link": link,
             "backend": m["backend"], **levels,
             "add_s_per_byte": m["add_s_per_byte"], "encode_s_per_byte": m["encode_s_per_byte"],
             "decode_s_per_byte": m["decode_s_per_byte"], "compute_slowdown": m["compute_slowdown"],
-            "cpu_threads": m["cpu_threads"], "source": how}
+            "cpu_threads": m["cpu_threads"], "call_s": m["call_s"], "bucket_s": m["bucket_s"], "source": how}
     return name, f"# {how}\n" + OmegaConf.to_yaml(OmegaConf.create(body))
 
 
-def write(m: dict, out: str | None, label: str | None) -> None:
+def write(m: dict, out: str | None, label: str | None, line_rate: str | None = None) -> None:
     """The cluster file of calibrate's measurements, into `out` or conf/cluster/, and what was measured."""
-    name, text = from_measurements(m, out, label)
+    name, text = from_measurements(m, out, label, line_rate)
     path = Path(out or Path(CONF_DIR, "cluster", f"{name}.yaml"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -69,7 +85,17 @@ def write(m: dict, out: str | None, label: str | None) -> None:
         if level in m:
             f = m[level]
             seen = ", ".join(f"{b >> 10} KB {t * 1e3:.2f} ms" for b, t in f["points"])
-            print(f"ringexp: {level}: alpha {f['alpha_s'] * 1e6:.1f} us, {8 / f['beta_s_per_byte'] / 1e9:.2f} Gbit/s "
-                  f"(worst fit error {f['fit_error']:.0%}; measured {seen})")
-    print(f"ringexp: add {1 / m['add_s_per_byte'] / 1e9:.2f} GB/s, compute slowdown {m['compute_slowdown']:.2f}; "
+            print(f"ringexp: {level}: alpha {f['alpha_s'] * 1e6:.1f} us, {8 / f['beta_s_per_byte'] / 1e9:.2f} Gbit/s; "
+                  f"measured {seen}; fit error by size {by_size(f)}")
+    print(f"ringexp: add {1 / m['add_s_per_byte'] / 1e9:.2f} GB/s, compute slowdown {m['compute_slowdown']:.2f}, "
+          f"per call {m['call_s'] * 1e6:.0f} us, per DDP bucket {m['bucket_s'] * 1e6:.0f} us; "
           f"wrote {path} (use it: python -m ringexp.plan predict cluster={name})")
+
+
+def by_size(f: dict) -> str:
+    """A level's fit error at every measured size: '4 KB +3%, 64 KB -12%, ...'."""
+    return ", ".join(f"{size(b)} {e:+.0%}" for (b, _), e in zip(f["points"], f["errors"], strict=True))
+
+
+def size(b: int) -> str:
+    return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"

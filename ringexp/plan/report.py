@@ -4,6 +4,7 @@
 import dataclasses
 from pathlib import Path
 
+from ringexp import costmodel
 from ringexp.plotting import pyplot
 
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
@@ -11,22 +12,21 @@ BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
 
 def report(cl, base, rows: list, compute: dict, source: str, best: dict, command: str, budget: float,
            record) -> str:
-    ranks = cl.nodes * cl.ranks_per_node
+    ranks, nccl = cl.nodes * cl.ranks_per_node, cl.backend == "nccl"
     lines = [f"# Predicted by ringexp's cost model (not measured): {base.model.name}, batch {base.data.batch_size} "
              f"per rank, on {cl.name}: {cl.nodes} node(s) x {cl.ranks_per_node} = {ranks} ranks", "",
-             f"- intra-node: alpha {cl.intra.alpha_s * 1e6:.1f} us, {8 / cl.intra.beta_s_per_byte / 1e9:.3g} Gbit/s "
-             f"({cl.intra.source or 'no source given'})",
-             f"- inter-node: alpha {cl.inter.alpha_s * 1e6:.1f} us, {8 / cl.inter.beta_s_per_byte / 1e9:.3g} Gbit/s "
-             f"per node ({cl.inter.source or 'no source given'})",
+             level_line("intra-node", cl.intra, ""), level_line("inter-node", cl.inter, " per node"),
              f"- compute per rank: forward {compute['forward_s'] * 1e3:.1f} ms, backward "
              f"{compute['backward_s'] * 1e3:.1f} ms, optimizer {compute['optimizer_s'] * 1e3:.1f} ms ({source})",
              "", "| preset | strategy | compression | accum | all-reduce s | exposed s | step s | samples/s | "
-             "x ddp | MB sent/rank/step | quality (AUROC vs ddp) |", "|" + "---|" * 11]
+             "x ddp | MB sent/rank/step | quality (AUROC vs ddp) |" + (" NCCL's choice (model) |" if nccl else ""),
+             "|" + "---|" * (11 + nccl)]
     for r in sorted(rows, key=lambda r: -r["samples_s"]):
         diff = "" if r["auroc_diff"] is None else f" ({r['auroc_diff']:+.3f})"
         lines.append(f"| {r['preset']} | {r['strategy']} | {r['compression']} | {r['accumulation']} | "
                      f"{r['comm_s']:.3f} | {r['exposed_s']:.3f} | {r['step_s']:.3f} | {r['samples_s']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['sent_bytes'] / 1e6:.2f} | {r['quality']}{diff} |")
+                     f"{r['speedup']:.2f}x | {r['sent_bytes'] / 1e6:.2f} | {r['quality']}{diff} |"
+                     + (f" {r['nccl'] or 'its own p2p ring'} |" if nccl else ""))
     left = [r for r in rows if r["quality"] not in ("exact", "equivalent", "better")]
     lines += ["", f"Recommended (the fastest preset that is exact or equivalent to ddp within quality_budget={budget} "
               f"macro-AUROC): `{command}`",
@@ -36,6 +36,14 @@ def report(cl, base, rows: list, compute: dict, source: str, best: dict, command
         named = [f"{r['preset']} ({r['quality']})" for r in left]
         lines.append(f"Left out for quality: {', '.join(named)}")
     return "\n".join(lines) + "\n"
+
+
+def level_line(name: str, link, per: str) -> str:
+    """A level's constants: alpha, line rate, what the transport reaches of it, and their source."""
+    reach = costmodel.efficiency(link)
+    share = f", {link.transport} reaches {reach:.0%} of it" if reach < 1 else ""
+    return (f"- {name}: alpha {link.alpha_s * 1e6:.1f} us, {8 / link.beta_s_per_byte / 1e9:.3g} Gbit/s{per}{share} "
+            f"({link.source or 'no source given'})")
 
 
 def with_bandwidth(cl, gbit: float):

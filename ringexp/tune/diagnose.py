@@ -2,11 +2,14 @@
 says to do. The articles' six: what a step must move against what the link carries, the backend variables in
 force, the overlap (under 60%: retune), accumulation, mixed precision, and a quality check for the candidates."""
 
+from ringexp import costmodel
+
+
 def checklist(summary: dict, cluster) -> list:
     """[(check, numbers, verdict)] of the baseline's summary on the planner's `cluster`."""
     t, grad, wire = summary["time"], summary["grad_bytes"], summary["wire_bytes_per_rank_per_step"]
     level = cluster.inter if summary["nodes"] > 1 else cluster.intra
-    link_s = wire * level.beta_s_per_byte
+    link_s = wire * costmodel.beta(level)
     env = summary.get("backend_env") or {}
     chose = env.get("nccl_chose")
     comm = t["exposed_comm_s"] / t["step_s"] if t["step_s"] else 0.0
@@ -15,7 +18,7 @@ def checklist(summary: dict, cluster) -> list:
         ("gradients against the link",
          f"{grad // 4:,} parameters, {grad / 1e6:.2f} MB of gradients; each rank sends {wire / 1e6:.2f} MB per step, "
          f"{link_s * 1e3:.0f} ms at the {'inter' if summary['nodes'] > 1 else 'intra'}-node link's "
-         f"{8 / level.beta_s_per_byte / 1e6:.0f} Mbit/s, against a {t['step_s'] * 1e3:.0f} ms step",
+         f"{8 / costmodel.beta(level) / 1e6:.0f} Mbit/s, against a {t['step_s'] * 1e3:.0f} ms step",
          "communication-bound: compress or accumulate" if link_s > 0.5 * t["step_s"] else "compute-bound"),
         ("backend variables",
          (", ".join(f"{k}={v}" for k, v in (env.get("env") or {}).items()) or "none set")
