@@ -178,7 +178,7 @@ def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_com
     assert (cl.nodes, cl.ranks_per_node, cl.link) == (1, 2, "loopback")
     assert cl.intra.beta_s_per_byte > 0 and cl.intra.alpha_s >= 0 and cl.add_s_per_byte > 0
     assert set(cl.encode_s_per_byte) == set(CODECS) and all(v > 0 for v in cl.encode_s_per_byte.values())
-    assert "worst fit error" in cl.intra.source and "not measured" in cl.inter.source  # one node: no inter level
+    assert "fit error by size 4 KB" in cl.intra.source and "not measured" in cl.inter.source  # one node: no inter level
 
     pred = tmp_path / "pred"
     r = plan("predict", f"cluster={out}", "+parallel=ring_fp16", "model.width=8", "forward_s=0.01", "backward_s=0.02",

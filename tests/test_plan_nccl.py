@@ -3,6 +3,7 @@ tables, NCCL_ALGO / NCCL_PROTO restricting it, transports below line rate, per-c
 calibration's small-message latency, and the published cases (`plan accuracy cases=`) with their bad input."""
 
 import dataclasses
+import json
 import sys
 
 import pytest
@@ -194,3 +195,18 @@ def test_calibrate_keeps_the_line_rate_and_what_the_transport_reached_of_it():
     assert costmodel.beta(LinkConfig(**{k: level[k] for k in ("alpha_s", "beta_s_per_byte", "efficiency")})) == \
         pytest.approx(8 / 20e6)
     assert "efficiency" not in clusters.inter_level(got, "10mbit", "measured")
+
+
+def test_predict_on_16_nodes_of_h100_shows_the_algorithm_and_protocol_each_preset_s_collectives_take(
+        tmp_path, monkeypatch):
+    out = tmp_path / "plan"
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", "cluster=h100_16x8_200g", "forward_s=0.01",
+                                      "backward_s=0.02", "optimizer_s=0.002", "presets=[ddp,ddp_powersgd,ring]",
+                                      f"out={out}"])
+    main()
+    table = {line.split(" | ")[0].strip("| "): line for line in (out / "plan.md").read_text().splitlines()
+             if line.startswith("| ")}
+    assert table["preset"].endswith("NCCL's choice (model) |")
+    assert "allreduce tree/LL" in table["ddp_powersgd"] and "its own p2p ring" in table["ring"]
+    rows = {r["preset"]: r for r in json.loads((out / "plan.json").read_text())["rows"]}
+    assert rows["ddp"]["nccl"].startswith("allreduce ") and rows["ring"]["nccl"] == ""
