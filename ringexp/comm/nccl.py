@@ -30,8 +30,8 @@ HW_LAT = {  # us per hop, by link kind and protocol (tuning.cc:65-78)
     "net": {"tree": (5.0, 8.5, 14), "ring": (2.7, 4.0, 14.0), "collnetdirect": (0, 0, 31),
             "collnetchain": (0, 0, 30), "nvls": (0, 0, 18), "nvlstree": (0, 0, 14), "pat": (0, 0, 0)},
 }
-# The LL protocol's bandwidth cap, GB/s, by GPU generation and 1 / 2 / more nodes (tuning.cc:87-89; on more than
-# one node NCCL picks the row by CPU vendor: Intel's, the first, is taken)
+# The LL protocol's bandwidth cap, GB/s, by GPU generation on one node and 1 / 2 / more nodes (tuning.cc:87-89,
+# 146-151; on more than one node NCCL picks the row by CPU vendor instead: Intel's, the first row, is taken)
 LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0)}
 # Tree all-reduce's bandwidth correction by log2(bytes / 64), per protocol (tuning.cc:435-439)
 TREE_CORRECTION = (
@@ -101,7 +101,7 @@ def bus_bw(cl, coll: str, algo: str, proto: str) -> float:
     inter = 1e-9 / costmodel.beta(cl.inter) if cl.nodes > 1 else math.inf
     bw = min(intra, inter)
     nodes, p = cl.nodes, costmodel.ranks(cl)
-    ll_max = LL_MAX_BW[cl.gpu_arch][min(nodes, 3) - 1]
+    ll_max = LL_MAX_BW[cl.gpu_arch if nodes == 1 else "volta"][min(nodes, 3) - 1]  # (multi-node: Intel's row)
     if algo == "nvls":
         bw = min(intra, inter)
     elif algo == "nvlstree":
