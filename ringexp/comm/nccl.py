@@ -14,6 +14,7 @@ plain-tree pattern's 0.85 and the CPU-vendor row of the LL cap (Intel's is taken
 import contextlib
 import contextvars
 import math
+from collections import Counter
 
 from ringexp import costmodel
 
@@ -102,9 +103,7 @@ def bus_bw(cl, coll: str, algo: str, proto: str) -> float:
     bw = min(intra, inter)
     nodes, p = cl.nodes, costmodel.ranks(cl)
     ll_max = LL_MAX_BW[cl.gpu_arch if nodes == 1 else "volta"][min(nodes, 3) - 1]  # (multi-node: Intel's row)
-    if algo == "nvls":
-        bw = min(intra, inter)
-    elif algo == "nvlstree":
+    if algo == "nvlstree":
         bw = min(intra, inter if nodes <= 2 else inter / 2)
     elif algo in ("collnetdirect", "collnetchain"):
         bw = intra
@@ -186,8 +185,5 @@ def seconds(cl, coll: str, nbytes: float) -> float:
 
 def summary(choices: list) -> str:
     """'allreduce ring/LL x3, tree/LL128 x2' of recorded choices, most used first."""
-    counts = {}
-    for c in choices:
-        counts[c] = counts.get(c, 0) + 1
-    return ", ".join(f"{coll} {a}/{p.upper().replace('SIMPLE', 'Simple')} x{n}"
-                     for (coll, a, p), n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return ", ".join(f"{coll} {a}/{'Simple' if p == 'simple' else p.upper()} x{n}"
+                     for (coll, a, p), n in Counter(choices).most_common())

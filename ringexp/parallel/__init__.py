@@ -43,8 +43,9 @@ def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
     rank together that follows, and NCCL's algorithms and protocols in it (`nccl`: '' on gloo). The run's
     NCCL_ALGO / NCCL_PROTO (backend.env) narrow NCCL's choice as they would NCCL's."""
     env = cfg.backend.env
-    cl = dataclasses.replace(cl, nccl_algo=env.get("NCCL_ALGO", cl.nccl_algo),
-                             nccl_proto=env.get("NCCL_PROTO", cl.nccl_proto))
+    if "NCCL_ALGO" in env or "NCCL_PROTO" in env:  # (the planner and the tune call this for every candidate)
+        cl = dataclasses.replace(cl, nccl_algo=env.get("NCCL_ALGO", cl.nccl_algo),
+                                 nccl_proto=env.get("NCCL_PROTO", cl.nccl_proto))
     with nccl.recording() as chose:
         out = STRATEGIES[cfg.parallel.strategy].step_cost(cl, cfg, shapes, compute)
     return out | {"samples_s": World.of_cluster(cl).ranks * cfg.accumulation.steps * cfg.data.batch_size

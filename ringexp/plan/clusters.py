@@ -39,8 +39,8 @@ def commit() -> str:
 
 
 def inter_level(got: dict, line_rate: str | None, note: str) -> dict:
-    """The inter-node level as a file keeps it: at `line_rate` (a tc rate) with what the transport reached of it
-    as efficiency, when the rate is known and the link ran below it; else as measured."""
+    """A level as a file keeps it: at `line_rate` (a tc rate: the measured inter-node level's) with what the
+    transport reached of it as efficiency, when the rate is known and the link ran below it; else as measured."""
     line = bytes_per_s(line_rate) if line_rate else None
     level = {"alpha_s": got["alpha_s"], "beta_s_per_byte": got["beta_s_per_byte"], "transport": "measured",
              "source": f"{note}; fit error by size {by_size(got)}"}
@@ -63,10 +63,7 @@ def from_measurements(m: dict, out: str | None, label: str | None, line_rate: st
         got = m.get(level) or m.get("intra") or m.get("inter")
         note = how if level in m else f"not measured (no second {'rank on a node' if level == 'intra' else 'node'}"\
             f"): the other level's values"
-        levels[level] = {"alpha_s": got["alpha_s"], "beta_s_per_byte": got["beta_s_per_byte"],
-                         "source": f"{note}; fit error by size {by_size(got)}", "transport": "measured"}
-        if level == "inter" and "inter" in m:
-            levels[level] = inter_level(got, line_rate, note)
+        levels[level] = inter_level(got, line_rate if level == "inter" and "inter" in m else None, note)
     body = {"name": name, "nodes": m["nodes"], "ranks_per_node": m["ranks_per_node"], "link": link,
             "backend": m["backend"], **levels,
             "add_s_per_byte": m["add_s_per_byte"], "encode_s_per_byte": m["encode_s_per_byte"],

@@ -15,6 +15,7 @@ The file, in short (ringexp/plan/published.yaml is the shipped one):
 
 `input: true` marks the run the compute was taken from: predicted exactly by construction, so not scored."""
 
+import dataclasses
 import math
 import statistics
 
@@ -126,8 +127,7 @@ def predicted(clusters: dict, case: dict) -> list:
     env = [f"+backend.env.{k}={v}" for k, v in (case.get("env") or {}).items()]
     out = []
     for run in case["runs"]:
-        cl = ClusterConfig(**{**vars(clusters[case["cluster"]]), "nodes": run["nodes"],
-                              "ranks_per_node": run["ranks_per_node"]})
+        cl = dataclasses.replace(clusters[case["cluster"]], nodes=run["nodes"], ranks_per_node=run["ranks_per_node"])
         train = [*env, *case.get("train", []), *run.get("train", [])]
         default = [] if any(a.startswith("+parallel=") for a in train) else ["+parallel=ddp"]
         cfg = compose_config([*default, f"data.batch_size={case['batch']}", *train], run["nodes"])
@@ -157,6 +157,8 @@ def ratios(rows: list) -> list:
 def summary(rows: list, rats: list) -> str:
     scored = sorted(abs(r["error"]) for r in rows if not r["input"])
     right = sum(r["right"] for r in rats)
+    if not scored:
+        return f"no run scored: each is its case's compute (input: true); ratios right: {right} of {len(rats)}"
     return (f"{len(scored)} published runs (not counting the {len(rows) - len(scored)} the compute came from): "
             f"median |error| {statistics.median(scored):.1%}, worst {scored[-1]:.1%}, within 10%: "
             f"{sum(e <= 0.10 for e in scored)}; ratio directions right: {right} of {len(rats)}")
