@@ -318,7 +318,7 @@ def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
     """Rank 0, once every rank has written: meta.json last, then the rename that makes the checkpoint complete."""
     m["files"] = manifest(tmp)
     m["sha256"] = meta_digest(m)
-    records.write_text(tmp / "meta.json", json.dumps(m, indent=2) + "\n")
+    records.write_file(tmp / "meta.json", json.dumps(m, indent=2) + "\n", durable=True)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     records.fsync_dir(final.parent)

@@ -11,6 +11,13 @@
 run is dropped, never fatal. Every file ringexp reads back (records, checkpoints' meta, YAML, CSV) goes through
 `read_bytes`: a regular file of bounded size, never a FIFO (which would wait forever for a writer), a device or,
 inside a run directory, a symlink (which could lead anywhere).
+
+Every file ringexp writes goes through `write_file` (whole files: a temporary file of a fresh name in the same
+directory, then renamed over the name, so that a reader sees the old file or the new one, and a symlink planted at
+the name or at a fixed temporary name is replaced, never followed), `open_append` (files that grow: metrics.jsonl,
+logs; opened without following a symlink) or `make_dir` (a directory ringexp writes into: created, or found as a
+real directory, never a symlink). The directory named by the user (hydra.run.dir, out=) may itself be a link the
+user made; what ringexp creates inside it is never followed.
 """
 
 import contextlib
@@ -98,9 +105,7 @@ def rewind(run_dir, source, step: int) -> list:
     """metrics.jsonl of `run_dir` made the rows of `source` (the run a checkpoint came from, often the same) up to
     `step`, rewritten atomically; a resumed run then appends without duplicate steps. Returns those rows."""
     rows = [r for r in read_rows(source) if r["step"] <= step]
-    tmp = Path(run_dir) / f"{METRICS}.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, Path(run_dir) / METRICS)
+    write_file(Path(run_dir) / METRICS, "".join(json.dumps(r) + "\n" for r in rows), durable=True)
     return rows
 
 
@@ -115,15 +120,62 @@ def write_summary(run_dir, summary: dict) -> None:
 
 
 def write_json(path, value) -> None:
-    """A JSON file, replaced atomically: a reader sees the old one or the new one, never half of either."""
+    """A JSON file, replaced atomically (write_file)."""
+    write_file(path, json.dumps(value, indent=2) + "\n")
+
+
+def write_file(path, data, durable: bool = False) -> None:
+    """`data` (str or bytes) as the file `path`, replaced atomically: written to a temporary file of a fresh name
+    beside it (O_EXCL: never an existing file or a symlink planted there), then renamed over `path`, which replaces
+    a symlink at `path` instead of writing through it. `durable`: flushed to disk before the rename."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:64]}.", suffix=".tmp")
     try:
-        tmp.write_text(json.dumps(value, indent=2) + "\n")
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
-    os.replace(tmp, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def open_append(path, buffering: int = -1):
+    """A text file opened for appending (created if missing) without following a symlink: OSError naming it for a
+    symlink, a FIFO or anything else that is not a regular file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link, which ringexp does not write through", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", buffering=buffering)
+
+
+def make_dir(path) -> Path:
+    """`path` as a directory ringexp writes into: created (with its parents), or found as a real directory; OSError
+    naming it when it is a symlink or another kind of file (writing into it could land anywhere)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise OSError(errno.ENOTDIR, "a symbolic link or not a directory, which ringexp does not write into",
+                      str(path))
+    return path
 
 
 def read_bench(path):
@@ -187,9 +239,9 @@ def save_tensors(path: Path, obj) -> None:
 def write_scores(run_dir, scores: dict) -> None:
     """val_scores.pt: the validation labels and the probabilities of the final and the best evaluation (what the
     quality tests on the validation set need), replaced whole so that a reader never sees half of it."""
-    tmp = Path(run_dir, SCORES + ".tmp")
-    save_tensors(tmp, scores)
-    os.replace(tmp, Path(run_dir, SCORES))
+    buf = io.BytesIO()
+    torch.save(scores, buf)
+    write_file(Path(run_dir, SCORES), buf.getvalue(), durable=True)
 
 
 def read_scores(run_dir):
@@ -204,13 +256,6 @@ def read_scores(run_dir):
 def load_tensors(path: Path):
     """Tensors and plain values only: a checkpoint from someone else cannot run code on load."""
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def write_text(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def fsync_dir(path: Path) -> None:
