@@ -79,26 +79,39 @@ def read_json(path, limit: int = SMALL):
     return parse_json(read_bytes(path, limit))
 
 
-def read_rows(run_dir) -> list:
-    """metrics.jsonl as a list of rows ([] when there is none yet); a line cut short by a kill is dropped. OSError
-    or ValueError (naming the file and line) when it cannot be a run's record: not a regular file, not UTF-8, a row
-    nested too deeply. (ringexp writes ASCII: a byte that is not UTF-8 was never written by a run.)"""
-    path = Path(run_dir) / METRICS
-    if not os.path.lexists(path):
-        return []
-    rows = []
-    for lineno, line in enumerate(read_bytes(path, ROWS).splitlines(), start=1):
+def read_jsonl(path, limit: int = ROWS) -> list:
+    """[(line number, value)] of a file of one JSON value per line (metrics.jsonl, a tune's trials.jsonl); the
+    value is None for a line that is not JSON (the last one, cut short by a kill; callers say what others are).
+    OSError or ValueError (naming the file and line) when it cannot be ringexp's record: not a regular file, not
+    UTF-8, a value nested too deeply. (ringexp writes ASCII: a byte that is not UTF-8 was never written by it.)"""
+    out = []
+    for lineno, line in enumerate(read_bytes(path, limit).splitlines(), start=1):
         try:
-            row = json.loads(line.decode("utf-8"))
+            out.append((lineno, json.loads(line.decode("utf-8"))))
         except UnicodeDecodeError as e:
             raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {e.start}); it is no record ringexp wrote") from None
         except RecursionError:
             raise ValueError(f"{path}:{lineno}: JSON nested too deeply") from None
-        except ValueError:  # cut short by a kill
-            continue
-        if isinstance(row, dict) and type(row.get("step")) is int:
-            rows.append(row)
-    return rows
+        except ValueError:
+            out.append((lineno, None))
+    return out
+
+
+def read_rows(run_dir) -> list:
+    """metrics.jsonl as a list of rows ([] when there is none yet); a line cut short by a kill is dropped
+    (read_jsonl's errors otherwise)."""
+    path = Path(run_dir) / METRICS
+    if not os.path.lexists(path):
+        return []
+    return [row for _, row in read_jsonl(path) if isinstance(row, dict) and type(row.get("step")) is int]
+
+
+def append_line(path, value) -> None:
+    """One JSON value as a line appended to `path` (open_append) and flushed to disk: a kill loses no line before it."""
+    with open_append(path) as f:
+        f.write(json.dumps(value) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def rewind(run_dir, source, step: int) -> list:
@@ -269,35 +282,68 @@ def fsync_dir(path: Path) -> None:
 _held = {}  # run directories this process holds: {resolved path: the open lock file}
 
 
+LOCK = ".ringexp.lock"
+
+
 @contextlib.contextmanager
-def run_lock(run_dir):
+def run_lock(run_dir, what: str = "run", key: str = "hydra.run.dir"):
     """Hold `run_dir` for this run: a second run started into it at the same time gets RunDirTaken. A POSIX record
     lock (lockf) on a file in the directory: the kernel releases it when the process ends, however it ends, and,
     unlike flock, a forked child (a worker) never holds it, so it cannot outlive the launcher that took it.
     Re-entrant within one process (closing a second descriptor of the file would drop a POSIX lock). The file
     names its holder only once the run is accepted (`claim`): a refused command changes nothing on disk."""
-    key = Path(run_dir).resolve()
-    if key in _held:
+    here = Path(run_dir).resolve()
+    if here in _held:
         yield
         return
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    f = open(Path(run_dir) / ".ringexp.lock", "a+")
+    f = open_lock(Path(run_dir) / LOCK)
     try:
-        try:
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            f.seek(0)
-            raise RunDirTaken(f"{run_dir}: another run is writing there now (pid {f.read().strip() or '?'}); wait "
-                              "for it, or pick another hydra.run.dir") from None
-        _held[key] = f
+        if not locked(f):
+            raise RunDirTaken(f"{key}={run_dir}: another {what} is writing there now (pid {holder_pid(f)}); wait "
+                              f"for it, or pick another {key}")
+        _held[here] = f
         try:
             yield
         finally:
-            del _held[key]
+            del _held[here]
     finally:
         f.close()  # (releases the lock)
+
+
+def open_lock(path):
+    """The lock file at `path`, opened for reading and appending without following a symlink (created if missing)."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, "a+")
+
+
+def locked(f) -> bool:
+    """Take the lock on open lock file `f` without waiting: False where a live process holds it."""
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN):
+            raise
+        return False
+
+
+def holder_pid(f) -> str:
+    f.seek(0)
+    return f.read(32).strip() or "?"
+
+
+def holder(run_dir):
+    """The pid (as text, '?' when it has not said) of the live process holding `run_dir`'s lock, or None where none
+    does (no lock file, or nobody holds it). Looks without taking the lock for long: a run starting meanwhile
+    finds it free a moment later."""
+    path = Path(run_dir) / LOCK
+    if not os.path.isfile(path) or os.path.islink(path):
+        return None
+    with open_lock(path) as f:
+        if locked(f):
+            return None  # (closing the file releases it at once)
+        return holder_pid(f)
 
 
 def claim(run_dir) -> None:

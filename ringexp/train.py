@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from ringexp import backend, checkpoint, records, rundir
+from ringexp import backend, checkpoint, conffiles, records, rundir
 from ringexp.config import CONF_DIR, Device, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import as_rank, launch, refused_elsewhere, run_worker, slurm_task, worker_failure
@@ -184,10 +184,12 @@ def worker_rank_main() -> None:
 
 
 def check_argv(args: list) -> None:
-    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`)."""
+    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`); and,
+    before Hydra instantiates anything, an option file that does more than set values (ringexp.conffiles)."""
     for a in args:
         if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
             raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
+    conffiles.check(args)
 
 
 def cli() -> None:

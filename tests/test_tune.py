@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, TINY
 from hydra import compose, initialize_config_dir
 
-from ringexp import parallel
+from ringexp import conffiles, parallel
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
 from ringexp.plan import clusters
@@ -140,10 +140,10 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     assert any(r["phase"] == "verify" and r["candidate"] != "baseline" for r in recs)
     book = (out / "playbook.md").read_text()
     assert "## Checklist" in book and "crashed: exit code" in book and "Median error" in book, book
-    chosen = stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    chosen = stdout.strip().splitlines()[-1].split(": ", 2)[2]  # ("ringexp: chosen: python -m ringexp.train ...")
     third = start_tune(args)  # a finished tune, run again: the same choice from its records, nothing run
     out3, err3 = third.communicate(timeout=300)
-    assert third.returncode == 0 and out3.strip().splitlines()[-1].split(": ", 1)[1] == chosen, err3[-2000:]
+    assert third.returncode == 0 and out3.strip().splitlines()[-1].split(": ", 2)[2] == chosen, err3[-2000:]
     assert lines(out / "trials.jsonl") == after
     if (out / "best.yaml").exists():  # the choice, as best.yaml and as the printed command, is one configuration
         assert composed(chosen.split()[3:], out) == composed([*TASK, "+experiment=best"], out, best=True)
@@ -154,6 +154,7 @@ def composed(overrides, out, best=False):
     if best:
         (out / "conf" / "experiment").mkdir(parents=True, exist_ok=True)
         (out / "conf" / "experiment" / "best.yaml").write_text((out / "best.yaml").read_text())
+        conffiles.check([*overrides, *extra])  # what ringexp writes for users to load holds only training values
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = checked(compose("train", overrides=[*overrides, *extra]))
     return space.fingerprint(cfg)

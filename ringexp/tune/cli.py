@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
+from ringexp import conffiles, records, stop
 from ringexp import dist as rdist
-from ringexp import records, stop
 from ringexp.config import TuneConfig, plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
@@ -38,6 +38,7 @@ def parse(args: list) -> tuple:
         if "=" not in a or not a.split("=", 1)[0].lstrip("+~"):
             raise ConfigError(f"'{a}' is not a KEY=VALUE override; {USAGE.splitlines()[0]}")
     space.knobs(tc.knobs)
+    conffiles.check(train)  # (the trials check it too: before anything, as ringexp.train does)
     return tc, train
 
 
@@ -82,6 +83,9 @@ def state(tc, train: list) -> dict:
 def check_out(out: Path, tc, train: list) -> bool:
     """Whether `out` holds this tune already (to continue); ConfigError where it holds anything else."""
     path = out / STATE
+    if (pid := records.holder(out)) is not None:
+        raise RunDirTaken(f"tune.out={out}: another tune is writing there now (pid {pid}); wait for it, or pick "
+                          "another tune.out")
     if path.exists():
         try:
             same = records.read_json(path) == state(tc, train)
@@ -106,13 +110,14 @@ def main(argv=None) -> int:
         # absolute: a trial's run directory is given to launchers that may start it elsewhere (a Slurm task)
         when = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         out = Path(tc.out or Path("outputs", "tune", when)).absolute()
+        again = check_out(out, tc, train)  # (before its records are read: they may be anyone's)
         tune = Tune(tc, train, out)
         reachable(tune.cmd, train)
-        again = check_out(out, tc, train)
         if not again:
             affordable(tc, tune)
             tune.check_space()
-        with records.run_lock(out):
+        with records.run_lock(out, "tune", "tune.out"):
+            records.claim(out)  # (a second start names this one)
             if not again:
                 records.write_json(out / STATE, state(tc, train))
             return run(tune, args)

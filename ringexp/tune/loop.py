@@ -13,6 +13,7 @@ same command continues a tune killed at any point.
 
 import dataclasses
 import math
+import os
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from ringexp import compress, records
 from ringexp.compare import load_local
 from ringexp.compare.groups import QUALITY, judge, report, seed_groups
 from ringexp.config import CONF_DIR, CompressionConfig, PlanConfig
-from ringexp.errors import ConfigError
+from ringexp.errors import ConfigError, one_line, print_warning
 from ringexp.models import build_model
 from ringexp.plan import clusters
 from ringexp.plan import predict as plan
@@ -34,6 +35,7 @@ from ringexp.validate import compose_config
 
 OWN = ("steps=", "seed=", "eval_every=", "name=", "hydra.run.dir=", "hydra.sweep.dir=", "resume=")  # the tune's
 FULL = ("diagnose", "verify")  # the phases whose runs are at full length (the baseline's seed 0 is diagnose's)
+COMPUTE = ("forward_s", "backward_s", "optimizer_s")  # one rank's compute, as compute.json keeps it
 STARTUP_S = 10.0  # a run's start and end (imports, workers, checkpoint): what a full-length run's wall time
 # beyond its steps is not taken to be evaluations
 
@@ -61,7 +63,7 @@ class Tune:
                               f"throughput_warmup={self.base.throughput_warmup} steps; give at least "
                               f"{self.base.throughput_warmup + 5}")
         self.cmd = trials.command(tc.command)
-        self.log = trials.Log(out / "trials.jsonl")
+        self.log = trials.Log(out / "trials.jsonl", out)
         self.budget = Budget(tc.budget_min * 60, self.log)
         self.group = f"tune-{out.name}"
         self.cands, self.left_out, self.refused, self.verified, self.skipped = [], [], [], [], []
@@ -93,6 +95,9 @@ class Tune:
     def diagnose(self) -> dict:
         """The baseline at full length, seed 0: the checklist's numbers, and the first of the baseline's seeds that
         verification needs anyway, so that the budget knows from the start what a full-length run costs."""
+        first = "verify-baseline-s" + str(self.base.seed)
+        if self.log.done.get(first, {}).get("status", "completed") != "completed":
+            self.log.drop(first)  # nothing can go on without it: each start of the same command tries it again
         rec = self.full(None, 0)
         if rec["status"] != "completed":
             raise ConfigError(f"the baseline run {rec['status']}: {rec['reason']} (see {Path(rec['dir']).parent}/"
@@ -120,8 +125,9 @@ class Tune:
         """One rank's compute as the planner measures it, once per tune (compute.json): a continued tune ranks
         and prunes as the first start did."""
         path = self.out / "compute.json"
-        if path.exists():
-            return records.read_json(path)
+        if os.path.lexists(path):
+            if (got := kept_compute(path)) is not None:
+                return got
         start = time.monotonic()
         compute, _ = plan.compute_times(PlanConfig(cluster=self.cluster), self.base, model, self.cluster)
         records.write_json(path, compute)
@@ -320,6 +326,26 @@ class Tune:
                   if r["phase"] in ("diagnose", "try") and r["status"] == "completed"]
         if len(points) >= 2:
             self.fit = refit(points, self.cluster, self.compute, lambda r, cl, comp: self.at_trial(r, cl, comp))
+
+
+def kept_compute(path: Path):
+    """compute.json as measured by an earlier start, or None (with a warning naming the file) where it is not that:
+    compute is then measured again."""
+    try:
+        got = records.read_json(path)
+    except (OSError, ValueError) as e:
+        return stale(path, one_line(str(e)))
+    if not isinstance(got, dict):
+        return stale(path, "not an object of seconds")
+    bad = next((k for k in COMPUTE if not trials.number(got.get(k))), None)
+    if bad is not None:
+        return stale(path, f"{bad} is {str(got.get(bad))[:40]!r}, not seconds")
+    return {k: float(got[k]) for k in COMPUTE}
+
+
+def stale(path: Path, why: str) -> None:
+    print_warning(f"{path}: {why}; measuring compute again")
+    return None
 
 
 def cluster_file(name: str) -> Path:

@@ -14,8 +14,11 @@ candidate a list of training overrides over the user's and its checked config, r
 import random
 from dataclasses import dataclass, field
 
-from ringexp.config import plain
-from ringexp.errors import ConfigError
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ringexp.config import TrainConfig, plain
+from ringexp.errors import ConfigError, one_line
 from ringexp.plan.predict import preset_config, presets
 
 # The knobs the tune varies, and what each one is. The planner answers whether a knob changes a preset (its
@@ -59,8 +62,20 @@ def knobs(entries) -> dict:
                               "(each entry KEY=V1,V2)")
         if not values or "" in values.split(","):
             raise ConfigError(f"tune.knobs: '{e}' gives no value; write KEY=V1,V2 (e.g. accumulation.steps=2,4)")
-        out[key] = values.split(",")
+        out[key] = [in_range(key, v) for v in values.split(",")]
     return out
+
+
+def in_range(key: str, value: str) -> str:
+    """`value` where the training schema takes it for `key` on its own (its type and range: the field's own check),
+    else a ConfigError before anything runs: a value no preset could take would only be found after the baseline."""
+    try:
+        given = OmegaConf.from_dotlist([f"{key}={value}"])
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), given))
+    except (OmegaConfBaseException, ConfigError) as e:
+        said = one_line(str(e)).split(chr(10))[0].removeprefix(f"{key}={value}: ")
+        raise ConfigError(f"tune.knobs: {key}={value}: {said}; give values in its range") from None
+    return value
 
 
 def fingerprint(cfg) -> str:

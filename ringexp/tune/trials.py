@@ -5,11 +5,15 @@
                                    run one; a record of how it ended: completed (its throughput, step, wall time),
                                    refused (exit 2: the configuration), timeout, out of memory or crashed (the
                                    reason, from the run's summary or the last line it printed)
-    Log(path)                      trials.jsonl: every record by key, appended and flushed one line at a time, so
-                                   that a tune killed at any point continues from what it recorded
+    Log(path, out)                 trials.jsonl: every record by key, appended and flushed one line at a time, so
+                                   that a tune killed at any point continues from what it recorded; a line that
+                                   is no record of this tune's is named and skipped (that trial runs again)
+
+A trial's first process is ringexp.tune.keeper, which stops the trial when the tune dies, however it dies; and a
+trial's directory is reused only once no live run holds it (records.holder).
 """
 
-import json
+import math
 import os
 import shlex
 import shutil
@@ -20,9 +24,10 @@ import time
 from pathlib import Path
 
 from ringexp import records
-from ringexp.errors import one_line
+from ringexp.errors import ConfigError, one_line, print_warning
 
 LOG = "trial.log"  # a trial's own output, in its directory
+PHASES = ("diagnose", "predict", "try", "verify")
 
 
 def command(text: str) -> list:
@@ -43,14 +48,15 @@ def argv(cmd: list, overrides: list, where: Path) -> tuple:
 
 def run(cmd: list, overrides: list, where: Path, timeout: float) -> dict:
     """Run one trial into `where` (a directory of a tune's: anything left there by an attempt a kill cut short is
-    removed first) and return its record. Ctrl-C stops the trial (its process group) and is raised again."""
-    if where.exists():
-        shutil.rmtree(where)
-    where.mkdir(parents=True)
+    removed first, once no live run holds it) and return its record. Ctrl-C stops the trial (its process group)
+    and is raised again."""
+    clear(where, timeout)
+    records.make_dir(where)
     line, run_dir = argv(cmd, overrides, where)
     start = time.monotonic()
-    with open(where / LOG, "w") as log:
-        p = subprocess.Popen(line, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with records.open_append(where / LOG) as log:
+        p = subprocess.Popen([sys.executable, "-m", "ringexp.tune.keeper", str(os.getpid()), *line], stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -60,6 +66,32 @@ def run(cmd: list, overrides: list, where: Path, timeout: float) -> dict:
             stop(p, signal.SIGINT)
             raise
     return outcome(code, start, run_dir, where / LOG)
+
+
+def clear(where: Path, wait_s: float) -> None:
+    """`where` removed, once no live run holds it (or one run below it: a sweep's job): a run left by a killed start
+    of this tune is waited for, up to `wait_s` (its keeper is stopping it), never deleted under it."""
+    if not os.path.lexists(where):
+        return
+    deadline, said = time.monotonic() + wait_s, False
+    while (pid := live_holder(where)) is not None:
+        if time.monotonic() > deadline:
+            raise ConfigError(f"{where}: a run started by an earlier start of this tune still writes there (pid "
+                              f"{pid}); stop it (kill {pid}), then give the same command again")
+        if not said:
+            print_warning(f"{where}: waiting for the run still writing there (pid {pid}), left by an earlier start "
+                          "of this tune")
+            said = True
+        time.sleep(0.5)
+    if where.is_symlink() or not where.is_dir():
+        where.unlink()
+    else:
+        shutil.rmtree(where)
+
+
+def live_holder(where: Path):
+    """The pid of a live run holding `where` or its sweep's job directory (`where`/0), else None."""
+    return next((pid for d in (where, where / "0") if (pid := records.holder(d)) is not None), None)
 
 
 def stop(p, sig=signal.SIGTERM, grace: float = 30.0) -> None:
@@ -112,22 +144,56 @@ def last_line(log: Path) -> str:
 
 
 class Log:
-    """trials.jsonl: {key: record}, read back on resume (a line a kill cut short is dropped)."""
+    """trials.jsonl: {key: record}, read back on resume. A line cut short by a kill is dropped; any other line that
+    is no record of this tune (`problem`) is named and skipped, so that its trial runs again."""
 
-    def __init__(self, path: Path):
-        self.path, self.done = path, {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    r = json.loads(line)
-                    self.done[r["key"]] = r
-                except (ValueError, KeyError, TypeError):
-                    continue
+    def __init__(self, path: Path, out: Path):
+        self.path, self.out, self.done = path, out, {}
+        if not os.path.lexists(path):
+            return
+        try:
+            lines = records.read_jsonl(path, records.SMALL)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{path}: cannot be read ({one_line(str(e))}); move it away to start the tune "
+                              "afresh") from None
+        for lineno, r in lines:
+            why = "not JSON" if r is None else problem(r, out)
+            if why and not (r is None and lineno == len(lines)):
+                print_warning(f"{path}:{lineno}: {why}; skipped (that trial runs again)")
+            if not why:
+                self.done[r["key"]] = r
 
     def add(self, record: dict) -> dict:
         self.done[record["key"]] = record
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        records.append_line(self.path, record)
         return record
+
+    def drop(self, key: str) -> None:
+        """Forget `key`'s record (a baseline that did not complete runs again on the next start)."""
+        self.done.pop(key, None)
+
+
+def number(x, low: float = 0.0) -> bool:
+    return type(x) in (int, float) and math.isfinite(x) and x >= low
+
+
+def problem(r, out: Path):
+    """What makes `r` no record of the tune in `out` (None when it is one)."""
+    if not isinstance(r, dict):
+        return "not a record (a JSON object)"
+    if not isinstance(r.get("key"), str) or r.get("phase") not in PHASES or not isinstance(r.get("status"), str):
+        return "no key, phase and status of a trial"
+    if not number(r.get("wall_s")):
+        return f"wall_s is {r.get('wall_s')!r}, not seconds"
+    if "candidate" not in r:
+        return None  # a step of the tune's own (the planner's)
+    if not isinstance(r["candidate"], str) or not all(type(r.get(k)) is int and r[k] >= 1 for k in ("steps", "every")):
+        return "no candidate, steps and eval spacing of a trial"
+    if type(r.get("seed")) is not int or not isinstance(r.get("overrides"), list):
+        return "no seed and overrides of a trial"
+    trial = out / "trials" / r["key"]
+    if r.get("dir") not in (str(trial), str(trial / "0")):
+        return f"its run directory {str(r.get('dir'))[:200]!r} is not this tune's trial {trial}"
+    if r["status"] == "completed" and not all(number(r.get(k), 1e-12) for k in ("samples_s", "step_s")):
+        return "a completed trial without its samples/s and step time"
+    return None

@@ -1,0 +1,249 @@
+"""Hostile inputs to the tune and to the config files ringexp tells users to load: a config file that would run code,
+a trial's directory still held by a live run, trials.jsonl and compute.json of the wrong shape, knob values out of
+range, a second tune into a live one. Each case is made by the test itself; each asserts the one line, the exit
+code and that nothing already written was lost."""
+
+import contextlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, TINY, alive, descendants, error_line, refused
+
+from ringexp import conffiles, records
+from ringexp.errors import ConfigError
+from ringexp.models import build_model
+from ringexp.plan import clusters
+from ringexp.tune import cli, trials
+from ringexp.tune.loop import Tune, cluster_file
+
+TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
+
+HUBCONF = "import pathlib\npathlib.Path({marker!r}).write_text('ran')\n\ndef x():\n    return None\n"
+# A best.yaml as a hostile or careless user might leave it: each one would make Hydra run code while composing.
+EVIL = {
+    "callbacks": "# @package _global_\nsteps: 5\nhydra:\n  callbacks:\n    evil:\n      _target_: torch.hub.load\n"
+                 "      repo_or_dir: {hub}\n      model: x\n      source: local\n      trust_repo: true\n",
+    "package": "# @package hydra.callbacks\nevil:\n  _target_: torch.hub.load\n  repo_or_dir: {hub}\n  model: x\n"
+               "  source: local\n",
+    "target": "# @package _global_\nmodel:\n  init:\n    _target_: torch.hub.load\n    repo_or_dir: {hub}\n",
+    "defaults": "# @package _global_\ndefaults:\n  - override /hydra/job_logging: disabled\nsteps: 5\n",
+    "sweep": "# @package _global_\nhydra:\n  sweeper:\n    params:\n      +experiment@hydra.callbacks: package\n",
+}
+SAYS = {"callbacks": "it sets hydra.callbacks", "package": "its package hydra.callbacks puts its keys under hydra",
+        "target": "it sets model.init._target_", "defaults": "its defaults list selects hydra/job_logging",
+        "sweep": "package.yaml: its package hydra.callbacks"}
+
+
+@pytest.fixture
+def evil_conf(tmp_path):
+    """A conf/experiment/ of hostile files beside a local torch hub whose hubconf.py leaves a marker if it runs."""
+    hub, marker = tmp_path / "hub", tmp_path / "PWNED"
+    hub.mkdir()
+    (hub / "hubconf.py").write_text(HUBCONF.format(marker=str(marker)))
+    exp = tmp_path / "conf" / "experiment"
+    exp.mkdir(parents=True)
+    for name, text in EVIL.items():
+        (exp / f"{name}.yaml").write_text(text.format(hub=hub))
+    return tmp_path / "conf", marker
+
+
+@pytest.mark.parametrize("name", list(EVIL))
+def test_a_config_file_that_would_run_code_is_refused_before_hydra_instantiates_anything(tmp_path, evil_conf, name):
+    conf, marker = evil_conf
+    args = [*TASK, f"+experiment={name}", f"hydra.searchpath=[file://{conf}]"]
+    if name == "sweep":
+        args = ["-m", *args]
+    r = refused(tmp_path / "run", *args)
+    line = error_line(r.stderr)
+    assert r.returncode == 2 and SAYS[name] in line and "a config file may only set training values" in line, line
+    assert str(conf / "experiment") in line
+    assert not marker.exists(), "the hub's code ran"
+    assert not (tmp_path / "run").exists()
+    # the tune refuses the same file before it composes or writes anything
+    code, err = tune_refusal([*args[args[0] == "-m":], f"tune.out={tmp_path / 'tune'}"])
+    assert code == 2 and SAYS[name] in err and not marker.exists() and not (tmp_path / "tune").exists(), err
+
+
+def test_the_shipped_experiments_and_a_tunes_best_yaml_are_accepted(tmp_path):
+    exp = tmp_path / "conf" / "experiment"
+    exp.mkdir(parents=True)
+    (exp / "best.yaml").write_text("# @package _global_\nparallel:\n  strategy: ring\naccumulation:\n  steps: 2\n"
+                                   "steps: 6\neval_every: 3\n")
+    conffiles.check(["+experiment=best", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
+    for name in ("compression_matrix", "strategy_matrix", "bucket_sweep", "backend_gloo", "backend_matrix"):
+        conffiles.check(["-m", f"+experiment={name}"])
+
+
+def tune_refusal(args):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(args)
+    return code, err.getvalue()
+
+
+HOLD = """import fcntl, os, sys, time
+os.makedirs(sys.argv[1], exist_ok=True)
+f = open(os.path.join(sys.argv[1], ".ringexp.lock"), "a+")
+fcntl.lockf(f, fcntl.LOCK_EX)
+f.truncate(0); f.write(str(os.getpid())); f.flush()
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""  # a run's hold on its directory (records.run_lock and claim), without importing torch
+
+
+def hold(path, seconds):
+    """A live process holding `path` as a run does (its lock, its pid), for `seconds`."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True,
+                         cwd=ROOT)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_trial_directory_held_by_a_live_run_is_never_deleted(tmp_path, capsys):
+    """The next start of a killed tune found its own orphaned trial there: it must wait for it, never delete it (and
+    the lock with it) under the live run."""
+    where = tmp_path / "trials" / "try-r0-ddp"
+    where.mkdir(parents=True)
+    (where / "summary.json").write_text('{"status": "running"}')
+    p = hold(where, 60)
+    try:
+        with pytest.raises(ConfigError, match=rf"still writes there \(pid {p.pid}\)"):
+            trials.run(["true"], [], where, timeout=1.5)
+        assert (where / "summary.json").read_text() == '{"status": "running"}' and (where / records.LOCK).exists()
+        assert f"waiting for the run still writing there (pid {p.pid})" in capsys.readouterr().err
+    finally:
+        p.kill()
+        p.wait()
+    short = hold(where, 1)  # a run that ends while the trial waits: then the directory is the trial's
+    rec = trials.run(["true"], [], where, timeout=30)
+    short.wait()
+    assert rec["status"] == "crashed" and not (where / "summary.json").exists(), rec
+
+
+def record(out, key, **over):
+    r = {"key": key, "phase": "try", "status": "completed", "wall_s": 2.0, "candidate": "ddp_fp16",
+         "overrides": ["+parallel=ddp_fp16"], "steps": 8, "every": 8, "seed": 0, "samples_s": 100.0, "step_s": 0.1,
+         "dir": str(out / "trials" / key), "reason": ""}
+    return r | over
+
+
+def test_trials_jsonl_lines_of_the_wrong_shape_are_named_and_skipped(tmp_path, capsys):
+    out = tmp_path / "tune"
+    out.mkdir()
+    good = record(out, "try-r0-ddp_fp16")
+    lines = [good, {"key": 5}, [1, 2], record(out, "try-r0-a", wall_s="x"), record(out, "try-r0-b", samples_s=None),
+             {k: v for k, v in record(out, "try-r0-c").items() if k != "phase"},
+             record(out, "try-r0-d", dir=str(tmp_path / "elsewhere"))]
+    text = "".join(json.dumps(x) + "\n" for x in lines) + '{"key": "cut sh'
+    (out / "trials.jsonl").write_text(text)
+    t = Tune(tune_config(out), TASK, out)
+    assert list(t.log.done) == ["try-r0-ddp_fp16"] and t.budget.spent() == 2.0
+    err = capsys.readouterr().err
+    for lineno in range(2, 8):
+        assert f"trials.jsonl:{lineno}: " in err and "skipped (that trial runs again)" in err, err
+    assert "trials.jsonl:8" not in err and "Traceback" not in err  # the last line, cut short by a kill: dropped
+    assert "is not this tune's trial" in err and "wall_s is 'x'" in err
+
+
+def tune_config(out, *extra):
+    tc, _ = cli.parse([*TASK, "tune.trial_steps=8", f"tune.out={out}", *extra])
+    return tc
+
+
+@pytest.mark.parametrize("kept", ['"fast"', '{"forward_s": NaN, "backward_s": 0.1, "optimizer_s": 0.0}',
+                                  '{"forward_s": -1, "backward_s": 0.1, "optimizer_s": 0.0}', "fifo", "[1, 2]"])
+def test_a_compute_json_that_is_no_measurement_is_measured_again(tmp_path, capsys, kept):
+    out = tmp_path / "tune"
+    out.mkdir()
+    path = out / "compute.json"
+    if kept == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text(kept)
+    t = Tune(tune_config(out), TASK, out)
+    t.cluster = clusters.read(cluster_file("local_2x2_1gbit"))
+    got = t.measured_compute(build_model(t.base.model, t.base.data.num_labels))
+    assert set(got) == {"forward_s", "backward_s", "optimizer_s"}
+    assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in got.values()), got
+    assert records.read_json(path) == got  # kept for the next start
+    err = capsys.readouterr().err
+    assert f"{path}: " in err and "measuring compute again" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("knob,says", [("accumulation.steps=0", "need at least 1 micro-batch"),
+                                       ("parallel.bucket_cap_mb=nan", "must be > 0"),
+                                       ("amp.mode=fp8", "Invalid value 'fp8'")])
+def test_a_knob_value_out_of_range_is_refused_before_the_baseline_runs(tmp_path, knob, says):
+    out = tmp_path / "tune"
+    code, err = tune_refusal([*TASK, f"tune.knobs=[{knob}]", f"tune.out={out}"])
+    assert code == 2 and f"tune.knobs: {knob}: {says}" in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_second_tune_into_a_live_tune_names_its_pid_and_tune_out(tmp_path):
+    out = tmp_path / "tune"
+    out.mkdir()
+    tc = tune_config(out)
+    (out / cli.STATE).write_text(json.dumps(cli.state(tc, TASK)))
+    p = hold(out, 60)
+    before = sorted(os.listdir(out))
+    try:
+        code, err = tune_refusal([*TASK, "tune.trial_steps=8", f"tune.out={out}"])
+    finally:
+        p.kill()
+        p.wait()
+    assert code == 2 and f"tune.out={out}: another tune is writing there now (pid {p.pid})" in err, err
+    assert "pick another tune.out" in err and "hydra.run.dir" not in err and err.count("\n") == 1
+    assert sorted(os.listdir(out)) == before
+
+
+SLOW_WRAPPER = """#!/bin/sh
+# a launcher that is slow to start the ddp_fp16 trials while {slow} exists (a busy cluster): the tune is killed then
+case "$*" in *ddp_fp16*) while [ -e {slow} ]; do sleep 0.2; done ;; esac
+exec {python} -m ringexp.train "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_tune_leaves_no_trial_running_and_the_same_command_continues(tmp_path):
+    """SIGKILL to the tune's process group while a trial runs (its own session): the trial stops with its tune, and
+    the same command continues: the trial runs again into its directory, nothing is refused."""
+    out, slow = tmp_path / "tune", tmp_path / "slow"
+    wrapper = tmp_path / "launch.sh"
+    wrapper.write_text(SLOW_WRAPPER.format(slow=slow, python=sys.executable))
+    wrapper.chmod(0o755)
+    slow.write_text("")
+    args = [*TASK, "steps=16", "eval_every=8", "tune.budget_min=20", "tune.trial_steps=8", "tune.rungs=1",
+            "tune.seeds=1", "tune.verify=1", "tune.presets=[ddp_fp16]", "tune.knobs=[]",
+            "tune.cluster=local_2x2_1gbit", f"tune.command={wrapper}", f"tune.out={out}"]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    p = subprocess.Popen([sys.executable, "-m", "ringexp.tune", *args], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    log = out / "trials" / "try-r0-ddp_fp16" / trials.LOG
+    deadline = time.monotonic() + 240
+    while not log.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.exists(), p.communicate()[1][-2000:]
+    time.sleep(1.0)
+    tree = descendants(p.pid) - {p.pid}
+    assert len(tree) >= 2, tree  # the keeper, the wrapper (and its sleep)
+    os.killpg(p.pid, 9)
+    p.wait()
+    deadline = time.monotonic() + 20  # (the keeper stops the trial's group at once: SIGTERM)
+    while any(alive(x) for x in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [x for x in tree if alive(x)]
+    slow.unlink()  # (a trial left running would now start training into the directory the next start reuses)
+    assert not left, "the trial outlived its tune"
+    again = subprocess.run([sys.executable, "-m", "ringexp.tune", *args], cwd=ROOT, env=env, text=True,
+                           capture_output=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    recs = [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
+    assert all(r["status"] == "completed" for r in recs), [(r["key"], r["status"], r.get("reason")) for r in recs]
+    assert any(r["key"] == "try-r0-ddp_fp16" for r in recs)
