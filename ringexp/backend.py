@@ -33,17 +33,20 @@ def apply(backend) -> dict:
         had = before.get(key)
         source[key] = "config" if had is None or had == value else f"config (environment had {had})"
     if os.environ.get("NCCL_DEBUG"):  # NCCL's log, with its choices (TUNING), in a file of this worker's
-        for key, value in (("NCCL_DEBUG_FILE", log_file()), ("NCCL_DEBUG_SUBSYS", "INIT,ENV,TUNING")):
-            if not os.environ.get(key):
-                os.environ[key], source[key] = value, "ringexp"
+        for key, value in (("NCCL_DEBUG_FILE", log_file), ("NCCL_DEBUG_SUBSYS", lambda: "INIT,ENV,TUNING")):
+            if not os.environ.get(key):  # (the log file made only where it is needed)
+                os.environ[key], source[key] = value(), "ringexp"
     return {"env": {k: os.environ[k] for k in sorted(source)}, "from": dict(sorted(source.items()))}
 
 
 def log_file() -> str:
     """Where this worker's NCCL log goes when NCCL_DEBUG is on and no NCCL_DEBUG_FILE is set (the run directory is
     not known yet: an external torchrun's ranks learn rank 0's after the process group starts); the trainer
-    copies it into the run directory at the end."""
-    return str(Path(tempfile.gettempdir()) / f"ringexp-nccl-{os.getpid()}.log")
+    copies it into the run directory at the end. A fresh file of this worker's own (mkstemp: never a name someone
+    could have planted a link at), which NCCL then opens and truncates."""
+    fd, path = tempfile.mkstemp(prefix=f"ringexp-nccl-{os.getpid()}-", suffix=".log")
+    os.close(fd)
+    return path
 
 
 def no_effect(env: dict, backend: str) -> list:

@@ -18,11 +18,14 @@ anything is loaded, and resume=auto then takes the newest intact checkpoint, say
 Loading uses torch.load(weights_only=True): a checkpoint holds tensors and plain values only.
 """
 
+import contextlib
+import fnmatch
 import hashlib
 import json
 import os
 import random
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +36,38 @@ from ringexp import parallel, records
 from ringexp.config import AmpMode
 from ringexp.errors import CheckpointError, ConfigError, one_line
 
+# What a run appends to in its directory and the directories it writes into: a symlink (or another kind of file) at
+# one of these names is refused before the run starts (`planted`), since it would be written through, and it cannot
+# be replaced without losing what the run wrote there. The files written whole (summary.json, config.yaml, .hydra/*,
+# val_scores.pt, traces, NCCL log copies) replace a symlink at their name instead (records.write_file).
+APPENDED = (records.METRICS, ".ringexp.lock", "rank*.log")
+DIRECTORIES = ("checkpoints", ".hydra", "workers", "wandb")
+
 
 def folder(run_dir) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+def planted(run_dir, logs=()) -> None:
+    """ConfigError naming the first symlink (or other kind of file) in `run_dir` where a run appends (APPENDED, and
+    `logs`: Hydra's log files, wherever they are) or at a directory it writes into (DIRECTORIES)."""
+    run_dir = Path(run_dir)
+    try:
+        names = sorted(e.name for e in os.scandir(run_dir))
+    except OSError:  # not there yet: nothing planted in it
+        names = []
+    appended = [run_dir / n for n in names if any(fnmatch.fnmatchcase(n, p) for p in APPENDED)] + \
+        [Path(p) for p in logs]
+    for path, want in [(p, stat.S_ISREG) for p in appended] + [(run_dir / d, stat.S_ISDIR) for d in DIRECTORIES]:
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:  # none there: the run makes it
+            continue
+        what = "a symbolic link" if stat.S_ISLNK(mode) else None if want(mode) else \
+            "not a regular file" if want is stat.S_ISREG else "not a directory"
+        if what:
+            raise ConfigError(f"{path}: {what}, which ringexp does not write through; remove it (what it points to is "
+                              "left as it is), or pick another hydra.run.dir")
 
 
 def complete(run_dir) -> list:
@@ -97,6 +129,7 @@ def resumable(mode, run_dir, steps: int) -> tuple:
     """`find`, then what the continuation would do to the records it writes into, refused (ConfigError) unless it
     rewrites nothing of a completed run and nothing of another run: only `steps` raised past a completed run's, from
     the checkpoint at its end, extends it. The rows it continues from must be readable."""
+    planted(run_dir)  # (before anything is read there: a symlinked checkpoints/ holds another run's checkpoints)
     ckpt, skipped = find(mode, run_dir)
     run_dir = Path(run_dir)
     own = ckpt is None or ckpt.resolve().parent.parent == run_dir.resolve()
@@ -287,6 +320,7 @@ def save(run_dir, step: int, cfg, env, strategy, model, opt, own: dict, wandb_id
     agreed = first_error(_attempt(env.is_main, _fresh_dir, tmp), env)
     if agreed is None:
         def write():
+            records.make_dir(tmp)  # (still rank 0's real directory, not a symlink put there since)
             strategy.save(tmp, model, opt)
             records.save_tensors(tmp / f"rank{env.rank}.pt", own)
         agreed = first_error(_attempt(True, write), env)
@@ -310,8 +344,23 @@ def _attempt(mine: bool, fn, *args):
 
 
 def _fresh_dir(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    """step-N.tmp made anew in a real checkpoints/ (records.make_dir), whatever was at its name removed first."""
+    records.make_dir(tmp.parent)
+    remove(tmp)
+    tmp.mkdir()
+
+
+def remove(path: Path) -> None:
+    """The checkpoint directory `path` removed, or whatever else is at its name: a symlink is unlinked, never followed
+    (rmtree refuses one and, told to ignore errors, would leave it there for mkdir or rename to fail on)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.unlink(path)
 
 
 def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
@@ -319,7 +368,7 @@ def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
     m["files"] = manifest(tmp)
     m["sha256"] = meta_digest(m)
     records.write_file(tmp / "meta.json", json.dumps(m, indent=2) + "\n", durable=True)
-    shutil.rmtree(final, ignore_errors=True)
+    remove(final)
     os.replace(tmp, final)
     records.fsync_dir(final.parent)
     for old in complete(final.parent.parent)[:-keep]:
@@ -328,7 +377,8 @@ def _publish(tmp: Path, final: Path, m: dict, keep: int) -> None:
 
 def fail(run_dir, step: int, error: str, env):
     if env.is_main:
-        shutil.rmtree(folder(run_dir) / f"step-{step:08d}.tmp", ignore_errors=True)
+        with contextlib.suppress(OSError):  # (the error said already is the one to report)
+            remove(folder(run_dir) / f"step-{step:08d}.tmp")
     found = complete(run_dir)
     previous = f"the previous one, {found[-1]}, is intact (resume=auto continues from it)" if found else \
         "there is no earlier checkpoint"

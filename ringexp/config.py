@@ -273,13 +273,35 @@ NCCL_CHOICES = {"NCCL_ALGO": ("tree", "ring", "collnetdirect", "collnetchain", "
                 "NCCL_PROTO": ("ll", "ll128", "simple"),
                 "NCCL_DEBUG": ("version", "warn", "info", "abort", "trace")}
 NCCL_COUNTS = ("NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
-# Variables naming a library or a file the backend loads or parses (NCCL's net, tuner, profiler and env plugins, its
-# config, topology and graph files): one in a config runs that code in every worker, as LD_PRELOAD would.
-LOADS_CODE = ("NCCL_CONF_FILE", "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE")
+# Variables naming a library or a file the backend loads or parses (NCCL's net, tuner, profiler and env plugins and
+# the libibverbs it opens; its config, topology and graph files; the example tuner plugin's config; the headers torch's
+# NCCL EP extension compiles at run time): one in a config runs that code in every worker, as LD_PRELOAD would.
+LOADS_CODE = ("NCCL_CONF_FILE", "NCCL_TOPO_FILE", "NCCL_GRAPH_FILE", "NCCL_TUNER_CONFIG_FILE", "NCCL_IBVERBS_LIB",
+              "NCCL_HOME", "NCCL_EP_HOME")
+# Variables naming a file or folder the backend writes in every worker, following a link at that name (NCCL's log,
+# its topology and graph dumps, the example profiler plugin's and the inspector's dumps; torch's flight-recorder dump
+# and the pipe it makes to be asked for one): one in a config can overwrite any file the user can write. (ringexp
+# sets NCCL_DEBUG_FILE itself, to a fresh file of its own, when NCCL_DEBUG is on: ringexp.backend.)
+WRITES_FILE = ("NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_GRAPH_DUMP_FILE", "NCCL_PROFILE_DUMP_FILE",
+               "NCCL_INSPECTOR_DUMP_DIR", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+# Any other variable of these names is taken to name a file or folder too (NCCL and torch add variables each release)
+PATH_SUFFIXES = ("_FILE", "_DIR", "_PATH")
 
 
 def loads_code(key: str) -> bool:
     return key.endswith(("_PLUGIN", "_PLUGIN_LIB")) or key in LOADS_CODE
+
+
+def names_file(key: str) -> str:
+    """Why `key` in backend.env needs backend.allow_plugins=true (it names code to load or a file to write), or ''."""
+    if loads_code(key):
+        return "names a library or file the backend loads, which runs its code in every worker (as LD_PRELOAD would)"
+    if key in WRITES_FILE:
+        return ("names a file the backend writes in every worker, following a symbolic link at that name (it can "
+                "overwrite any file you can write)")
+    if key.endswith(PATH_SUFFIXES):
+        return "names a file or folder the backend reads or writes in every worker"
+    return ""
 
 
 @dataclass
@@ -288,15 +310,14 @@ class BackendConfig:
     (ringexp.backend); a variable already in the environment is kept unless this sets it."""
     name: str = "default"
     env: Dict[str, str] = field(default_factory=dict)
-    allow_plugins: bool = False  # let env name libraries or files the backend loads (loads_code); see docs/backend.md
+    allow_plugins: bool = False  # let env name code or files the backend loads or writes (names_file): backend.md
 
     def __post_init__(self):
         for key, value in self.env.items():
             need(key.startswith(BACKEND_PREFIXES), f"backend.env.{key}", value,
                  f"not a communication backend variable (only {', '.join(p + '*' for p in BACKEND_PREFIXES)})")
-            need(self.allow_plugins or not loads_code(key), f"backend.env.{key}", value,
-                 "names a library or file the backend loads, which runs its code in every worker (as LD_PRELOAD "
-                 "would); set backend.allow_plugins=true if you trust it")
+            need(self.allow_plugins or not names_file(key), f"backend.env.{key}", value,
+                 f"{names_file(key)}; set backend.allow_plugins=true if you trust it")
             if key in NCCL_CHOICES:
                 bad = nccl_list_error(key, str(value))
                 need(not bad, f"backend.env.{key}", value, bad)

@@ -21,6 +21,7 @@ from ringexp import backend, checkpoint, records, stop
 from ringexp import dist as rdist
 from ringexp.config import Device
 from ringexp.errors import PeerLost, one_line, peer_lost, timed_out
+from ringexp.sinks.logfile import FileHandler
 from ringexp.trainer import Trainer
 
 log = logging.getLogger("ringexp")
@@ -207,7 +208,7 @@ def train_rank(cfg, run_dir, meta):
             everyone = [None] * env.world_size
             dist.all_gather_object(everyone, in_force)
         run_dir, meta = Path(shared[0]), shared[1]
-        handler = logging.FileHandler(run_dir / f"rank{env.rank}.log")
+        handler = FileHandler(run_dir / f"rank{env.rank}.log")  # (never through a link planted at the name)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

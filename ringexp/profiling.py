@@ -1,9 +1,15 @@
 """`profile.enabled=true`: a torch.profiler trace of a few steps, written as a Chrome/Perfetto trace."""
 
+import contextlib
 import logging
+import os
+import tempfile
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from ringexp import records
 
 log = logging.getLogger("ringexp")
 
@@ -18,8 +24,8 @@ def start(device: torch.device):
 def finish(prof, run_dir, rank: int, first: int, last: int, top: int, device: torch.device) -> dict:
     """Stop, write trace_rank<r>.json into the run directory, and return the top operators by self time."""
     prof.stop()
-    path = run_dir / f"trace_rank{rank}.json"
-    prof.export_chrome_trace(str(path))
+    path = Path(run_dir) / f"trace_rank{rank}.json"
+    export(prof, path)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     averages = prof.key_averages()
     rows = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:top]
@@ -29,3 +35,16 @@ def finish(prof, run_dir, rank: int, first: int, last: int, top: int, device: to
             "top_ops": [{"name": e.key, "calls": e.count, "self_ms": getattr(e, key) / 1e3,
                          "total_ms": (e.device_time_total if device.type == "cuda" else e.cpu_time_total) / 1e3}
                         for e in rows]}
+
+
+def export(prof, path: Path) -> None:
+    """The trace as the file `path`, through records.write_file (a link planted at the name is replaced, never
+    written through): torch writes to the name it is given, so it gets a fresh one of mkstemp's beside it first."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        records.write_file(path, records.read_bytes(tmp, records.TRACE))
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

@@ -235,8 +235,10 @@ def disk_full(path) -> bool:
 
 
 def save_tensors(path: Path, obj) -> None:
-    """torch.save, flushed to disk before returning (a checkpoint is complete only when its meta.json is)."""
-    with open(path, "wb") as f:
+    """torch.save into a new file (never an existing one or a symlink: O_EXCL), flushed to disk before returning (a
+    checkpoint is complete only when its meta.json is)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as f:
         try:
             torch.save(obj, f)
             f.flush()
@@ -297,7 +299,11 @@ def run_lock(run_dir, what: str = "run", key: str = "hydra.run.dir"):
         yield
         return
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    f = open_lock(Path(run_dir) / LOCK)
+    try:
+        f = open_lock(Path(run_dir) / LOCK)
+    except OSError as e:  # a symlink planted there, or a FIFO: not this run's lock
+        raise RunDirTaken(f"{key}={run_dir}: its lock file {LOCK} cannot be taken ({e.strerror}); remove it (what "
+                          f"it points to is left as it is), or pick another {key}") from None
     try:
         if not locked(f):
             raise RunDirTaken(f"{key}={run_dir}: another {what} is writing there now (pid {holder_pid(f)}); wait "

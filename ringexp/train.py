@@ -111,7 +111,7 @@ def run(cfg, run_dir: Path) -> dict | None:
     records.claim(run_dir)
     rundir.save_hydra_files(run_dir, cfg)
     meta = run_meta(config)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(plain(config)))
+    records.write_file(run_dir / "config.yaml", OmegaConf.to_yaml(plain(config)))
     log.info("%s: %d %s worker(s) -> %s", meta["name"], config.launcher.nproc_per_node, config.launcher.device,
              run_dir)
     try:

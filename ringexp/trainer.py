@@ -10,7 +10,6 @@ logged steps only.
 
 import logging
 import os
-import shutil
 import time
 from contextlib import nullcontext, suppress
 from functools import partial
@@ -21,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map_only
 
-from ringexp import backend, checkpoint, parallel, profiling, stop
+from ringexp import backend, checkpoint, parallel, profiling, records, stop
 from ringexp import dist as rdist
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
@@ -241,8 +240,8 @@ class Trainer:
         log_file = os.environ.get("NCCL_DEBUG_FILE", "")
         everyone = [backend.nccl_chose(log_file)] * self.env.world_size
         if Path(log_file).is_file():  # beside the run's other logs (best effort: a node may not see the run dir)
-            with suppress(OSError):
-                shutil.copyfile(log_file, self.run_dir / f"nccl-rank{self.env.rank}.log")
+            with suppress(OSError):  # (write_file: a link planted at the name is replaced, not written through)
+                records.write_file(self.run_dir / f"nccl-rank{self.env.rank}.log", Path(log_file).read_bytes())
         if self.env.world_size > 1:
             dist.all_gather_object(everyone, everyone[0])
         return backend.total(everyone)

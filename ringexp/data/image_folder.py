@@ -1,7 +1,10 @@
 """A folder of images plus a CSV of multi-hot labels: `path` column (relative to root) and 0/1 columns."""
 
 import csv
+import errno
 import io
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -119,10 +122,16 @@ def val_count(n: int, val_fraction: float) -> int:
 
 
 class ImageFolderMultiLabel(Dataset):
+    """The images of `paths` (relative to `root`, as read_labels gives them: normalised, no link in them). Each is
+    opened one folder at a time from the root without following a link (`open_inside`): the paths were checked to
+    stay inside the root before launch, and a folder swapped for a link to elsewhere during the run is then an
+    unreadable image, never a read of what the link points to."""
+
     def __init__(self, root: str, paths, labels, image_size: int, skip_bad: bool = False):
         from torchvision import transforms
 
         self.root, self.paths, self.skip_bad = Path(root), paths, skip_bad
+        self.real_root = self.root.resolve()  # (data.root itself may be a link the user made)
         self.labels = torch.tensor(labels, dtype=torch.float32)
         self.transform = transforms.Compose([
             transforms.Resize((image_size, image_size)),
@@ -138,7 +147,7 @@ class ImageFolderMultiLabel(Dataset):
 
         path = self.root / self.paths[idx]
         try:
-            with Image.open(path) as im:
+            with open_inside(self.real_root, self.paths[idx]) as f, Image.open(f) as im:
                 return self.transform(rgb(im)), self.labels[idx]
         # PIL's unreadable / truncated / corrupt images, and images so large that decoding them could exhaust
         # memory (a decompression bomb: over twice PIL's MAX_IMAGE_PIXELS)
@@ -147,6 +156,40 @@ class ImageFolderMultiLabel(Dataset):
                 return None  # dropped by the loader's collate and counted (data/skipped_bad)
             raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e}); fix or remove it, or set "
                               "data.skip_bad=true to skip unreadable images") from None
+
+
+def open_inside(root: Path, rel: str):
+    """The regular file `rel` under the folder `root`, opened for reading in binary one component at a time, none
+    of them followed if it is a link (OSError otherwise: a link, a FIFO, a device, a file gone). A check of the path
+    before the run cannot stop a folder from being swapped for a link later; opening it this way can."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    *folders, name = Path(rel).parts
+    fd = os.open(root, flags | os.O_DIRECTORY)
+    try:
+        for part in folders:
+            inner = step(fd, part, flags | os.O_DIRECTORY, root / rel)
+            os.close(fd)
+            fd = inner
+        file_fd = step(fd, name, flags | os.O_NONBLOCK, root / rel)  # (a FIFO must not block the open)
+    finally:
+        os.close(fd)
+    f = os.fdopen(file_fd, "rb")
+    if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file", str(root / rel))
+    return f
+
+
+def step(fd: int, part: str, flags: int, path: Path) -> int:
+    """os.open of `part` in the folder `fd`; a link there (ELOOP, or ENOTDIR where a folder was asked for) is an
+    OSError that says so, naming the image."""
+    try:
+        return os.open(part, flags, dir_fd=fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+            raise OSError(e.errno, f"{part!r} on its path is now a symbolic link, which ringexp does not follow "
+                          "(the folder was checked before the run started)", str(path)) from None
+        raise
 
 
 def rgb(im):

@@ -1,9 +1,11 @@
-"""metrics.jsonl: one JSON object per logged row, flushed as written, so a crash loses nothing logged."""
+"""metrics.jsonl: one JSON object per logged row, flushed as written, so a crash loses nothing logged. Opened with
+records.open_append: a symlink planted at the name is an error naming it, never written through (a resumption into
+a run directory with one is refused before any worker starts: checkpoint.planted)."""
 
 import json
 from pathlib import Path
 
-from ringexp.records import METRICS
+from ringexp.records import METRICS, open_append
 
 
 class JsonlSink:
@@ -11,7 +13,7 @@ class JsonlSink:
 
     def __init__(self, run_dir):
         self.path = Path(run_dir) / METRICS
-        self.f = open(self.path, "a", buffering=1)
+        self.f = open_append(self.path, buffering=1)
 
     def log(self, row: dict, step: int) -> None:
         try:
