@@ -141,10 +141,18 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     book = (out / "playbook.md").read_text()
     assert "## Checklist" in book and "crashed: exit code" in book and "Median error" in book, book
     chosen = stdout.strip().splitlines()[-1].split(": ", 2)[2]  # ("ringexp: chosen: python -m ringexp.train ...")
+    # symlinks planted where the tune writes (to files outside it): replaced, never written through
+    written = ["playbook.md", "result.json", "groups.csv", "quality.json", "predicted_vs_measured.png",
+               *(["best.yaml"] if (out / "best.yaml").exists() else [])]
+    for name in written:
+        (tmp_path / f"precious-{name}").write_text("mine")
+        (out / name).unlink(missing_ok=True)
+        (out / name).symlink_to(tmp_path / f"precious-{name}")
     third = start_tune(args)  # a finished tune, run again: the same choice from its records, nothing run
     out3, err3 = third.communicate(timeout=300)
     assert third.returncode == 0 and out3.strip().splitlines()[-1].split(": ", 2)[2] == chosen, err3[-2000:]
     assert lines(out / "trials.jsonl") == after
+    assert all((tmp_path / f"precious-{n}").read_text() == "mine" and not (out / n).is_symlink() for n in written)
     if (out / "best.yaml").exists():  # the choice, as best.yaml and as the printed command, is one configuration
         assert composed(chosen.split()[3:], out) == composed([*TASK, "+experiment=best"], out, best=True)
 

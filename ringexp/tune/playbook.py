@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from ringexp import records
 from ringexp.compare.cells import markdown_table
 from ringexp.config import plain
-from ringexp.plotting import pyplot
+from ringexp.plotting import pyplot, save, short
 
 PHASES = ("diagnose", "predict", "try", "verify")
 BEST = "best.yaml"  # a +experiment file: copy it to conf/experiment/ (docs/tune.md)
@@ -26,9 +26,9 @@ def write(t, checks: list, argv: list, note: str = "") -> str:
              "", *markdown_table(["check", "numbers", "verdict"], [list(c) for c in checks]), "",
              *planner_part(t), "", "## Trials", "", *markdown_table(TRIAL_HEAD, trial_rows(t)), "",
              *left_out_part(t), "## Verification (full length, over seeds)", "", *verify_part(t, rep)]
-    (t.out / "playbook.md").write_text("\n".join(parts) + "\n")
+    records.write_file(t.out / "playbook.md", "\n".join(parts) + "\n")
     if t.chosen:
-        (t.out / BEST).write_text(best_yaml(t))
+        records.write_file(t.out / BEST, best_yaml(t))
     if rep is not None:
         rep.write(t.out)  # groups.csv and quality.json, as compare writes them (the planner reads quality=)
     records.write_json(t.out / "result.json", result(t, chosen, rep))
@@ -144,8 +144,7 @@ def plots(t, rep) -> None:
                title="Predicted against measured")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(t.out / "predicted_vs_measured.png", dpi=100)
-        plt.close(fig)
+        save(fig, t.out / "predicted_vs_measured.png")
     quality_plot(t, rep, plt)
 
 
@@ -156,11 +155,10 @@ def quality_plot(t, rep, plt) -> None:
     for row in rep.rows:
         v = row["_verdicts"].get("final AUROC")
         d, err = (v.diff, [[v.diff - v.ci95[0]], [v.ci95[1] - v.diff]]) if v else (0.0, None)
-        ax.errorbar([row["samples/s"]], [d], yerr=err, fmt="o", capsize=4, label=row["group"][:40])
+        ax.errorbar([row["samples/s"]], [d], yerr=err, fmt="o", capsize=4, label=short(row["group"], 40))
     ax.axhspan(-t.tc.quality_budget, t.tc.quality_budget, color="tab:green", alpha=0.15, label="quality budget")
     ax.set(xlabel="samples/s (mean over seeds)", ylabel="final macro-AUROC - baseline (95%)",
            title="Throughput against quality")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(t.out / "throughput_quality.png", dpi=100)
-    plt.close(fig)
+    save(fig, t.out / "throughput_quality.png")
