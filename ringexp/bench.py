@@ -12,6 +12,7 @@ where it ran (nodes, ranks per node, the link between nodes).
 """
 
 import csv
+import io
 import logging
 import math
 import os
@@ -262,11 +263,13 @@ def print_rows(rows: list, header: bool) -> None:
 
 
 def write_results(rows: list, run_dir: Path) -> None:
+    """bench.json and bench.csv, each written whole (records.write_file: never through a symlink at its name)."""
     records.write_json(run_dir / records.BENCH, rows)
-    with open(run_dir / "bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    records.write_file(run_dir / "bench.csv", buf.getvalue())
 
 
 def log_wandb(cfg: dict, rows: list, run_dir: Path) -> None:

@@ -5,6 +5,7 @@
     validation_set(a, b, labels, margin)        one run per side: a paired bootstrap over the validation samples of
                                                 the difference in macro-AUROC and macro-F1 (scipy.stats.bootstrap)
     decide(diff, ci95, ci90, margin)            the verdict both end in (VERDICTS)
+    read_record(path)                           quality.json (compare.groups' Report.write), every verdict checked
 
 Equivalent means the 90% interval lies inside (-margin, +margin): both one-sided tests reject at 5% (Schuirmann's
 TOST). Otherwise a 95% interval wholly below (above) zero is *worse* (*better*); an observed difference as large as
@@ -12,14 +13,19 @@ the margin is *not equivalent* (more seeds would narrow the interval around it, 
 is *inconclusive*, with the number of seeds that would make the 90% interval fit at the observed spread.
 """
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import stats
 
+from ringexp import records
+
 VERDICTS = ("equivalent", "better", "worse", "not equivalent", "inconclusive")
 MAX_SEEDS = 100  # beyond this many seeds per side the inconclusive verdict says "more than"
 RESAMPLES = 2000  # bootstrap resamples: the percentile interval's ends move by < 0.002 AUROC between seeds of it
+FILE = "quality.json"  # the verdicts' record: compare's seed groups write it (Report.write), the planner reads it
+SLACK = 1e-9  # a difference may lie this far past its interval's end: the mean of equal floats is off by an ulp
 
 
 @dataclass(frozen=True)
@@ -138,3 +144,104 @@ def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margi
         out.append(Verdict(decide(float(point[i]), ci95, ci90, margin), float(point[i]), ci95, ci90, margin,
                            f"validation-set bootstrap, {what}"))
     return out
+
+
+def read_record(path) -> dict:
+    """quality.json as compare writes it (compare.groups' Report.write: {"margin", "metric", "groups": [{"group",
+    "baseline", "overrides", "verdicts": {metric: Verdict.record() or null}, ...}]}), every group and verdict
+    checked (record_error); OSError, or ValueError naming the group and the entry. `path` is the one the user named
+    (quality=): it may be a symlink."""
+    doc = records.parse_json(records.read_bytes(path, follow=True))
+    if bad := record_error(doc):
+        raise ValueError(bad)
+    return doc
+
+
+def record_error(doc) -> str:
+    """What makes `doc` no record of verdicts that hold together ('' when nothing does): its shape, then each
+    group's and each of its verdicts' (verdict_error), then exactly one baseline group."""
+    if not isinstance(doc, dict):
+        return f"holds {_kind(doc)}, not a record of verdicts (an object with margin, metric and groups)"
+    if not _margin(doc.get("margin")):
+        return f"margin is {_kind(doc.get('margin'))}, not a number in [0, 1)"
+    if not isinstance(doc.get("metric"), str):
+        return f"metric is {_kind(doc.get('metric'))}, not the name of a metric"
+    if not isinstance(doc.get("groups"), list) or not doc["groups"]:
+        return f"groups is {_kind(doc.get('groups'))}, not a list of the seed groups"
+    for i, g in enumerate(doc["groups"]):
+        if bad := group_error(g):
+            name = g.get("group") if isinstance(g, dict) else None
+            return f"{f'group {_named(name)}' if isinstance(name, str) else f'groups[{i}]'}: {bad}"
+    baselines = sum(g["baseline"] for g in doc["groups"])
+    return "" if baselines == 1 else f"{baselines} groups are marked baseline; a record has one"
+
+
+def group_error(g) -> str:
+    if not isinstance(g, dict):
+        return f"{_kind(g)}, not a group (an object)"
+    if not isinstance(g.get("baseline"), bool):
+        return f"baseline is {_kind(g.get('baseline'))}, not true or false"
+    if not isinstance(g.get("overrides"), list) or not all(isinstance(o, str) for o in g["overrides"]):
+        return f"overrides is {_kind(g.get('overrides'))}, not a list of text"
+    if not isinstance(g.get("verdicts"), dict):
+        return f"verdicts is {_kind(g.get('verdicts'))}, not an object of verdicts by metric"
+    for metric, v in g["verdicts"].items():
+        if v is not None and (bad := verdict_error(v)):
+            return f"{_named(metric)}: {bad}"
+    return ""
+
+
+def verdict_error(v) -> str:
+    """What makes `v` no Verdict.record() whose numbers hold together ('' when nothing does): finite numbers, each
+    interval [low, high] with low <= high, the difference inside both, the 95% interval holding the 90% one, and
+    the word the one decide() gives from those numbers (a reversed interval would otherwise read as equivalent)."""
+    if not isinstance(v, dict):
+        return f"{_kind(v)}, not a verdict (an object)"
+    if v.get("word") not in VERDICTS:
+        return f"word is {_kind(v.get('word'))}, not one of {', '.join(VERDICTS)}"
+    if not _number(v.get("diff")):
+        return f"diff is {_kind(v.get('diff'))}, not a finite number"
+    for key, level in (("ci95", "95%"), ("ci90", "90%")):
+        ci = v.get(key)
+        if not (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))):
+            return f"{key} is {_kind(ci)}, not a {level} interval [low, high] of finite numbers"
+        if ci[0] > ci[1]:
+            return f"the {level} interval [{ci[0]:+.3f}, {ci[1]:+.3f}] is reversed (its low end above its high end)"
+        if not ci[0] - SLACK <= v["diff"] <= ci[1] + SLACK:
+            return f"the difference {v['diff']:+.3f} lies outside its {level} interval [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    (lo95, hi95), (lo90, hi90) = v["ci95"], v["ci90"]
+    if lo95 > lo90 + SLACK or hi90 > hi95 + SLACK:
+        return (f"the 95% interval [{lo95:+.3f}, {hi95:+.3f}] does not hold the 90% one [{lo90:+.3f}, "
+                f"{hi90:+.3f}]")
+    if not _margin(v.get("margin")):
+        return f"margin is {_kind(v.get('margin'))}, not a number in [0, 1)"
+    if not isinstance(v.get("test"), str):
+        return f"test is {_kind(v.get('test'))}, not text"
+    more = v.get("more_seeds")
+    if more is not None and not (type(more) is int and more >= 1):
+        return f"more_seeds is {_kind(more)}, not a count >= 1 or null"
+    word = decide(v["diff"], tuple(v["ci95"]), tuple(v["ci90"]), v["margin"])
+    return "" if word == v["word"] else (f"says {v['word']}, but its numbers ({v['diff']:+.3f}, 90% interval "
+                                         f"[{lo90:+.3f}, {hi90:+.3f}], margin {v['margin']:g}) are {word}")
+
+
+def _number(x) -> bool:
+    return type(x) in (int, float) and math.isfinite(x)  # (not bool, NaN or infinite)
+
+
+def _margin(x) -> bool:
+    return _number(x) and 0 <= x < 1
+
+
+def _named(text: str) -> str:
+    """A name from the record in a message: quoted, and cut short (a label may be as long as the overrides)."""
+    return ascii(text if len(text) <= 80 else text[:79] + "~")
+
+
+def _kind(x) -> str:
+    """A value in a message: short, and never the repr of a container (which may be nested deep)."""
+    if x is None or isinstance(x, bool):
+        return {None: "null", True: "true", False: "false"}[x]
+    if isinstance(x, str | int | float):
+        return ascii(x)[:40]
+    return f"a list of {len(x)}" if isinstance(x, list) else f"a {type(x).__name__}"

@@ -80,6 +80,23 @@ def error_line(stderr: str) -> str:
     return lines[0]
 
 
+@contextlib.contextmanager
+def within(seconds: int):
+    """A failed test instead of one that hangs or runs for minutes (a FIFO opened for reading waits for a writer
+    forever; matplotlib lays out every character of a 900 KB label). pytest's failure, not TimeoutError: that is an
+    OSError, which compare takes for an unreadable file."""
+    def give_up(*_):
+        pytest.fail(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def plan_refusal(monkeypatch, capsys, args: list) -> str:
     """ringexp.plan's command line on `args`, in this process (a second instead of ten): its one error line, once
     it has checked that the command exited 2."""

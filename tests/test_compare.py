@@ -4,20 +4,18 @@ were planted (each listed as unreadable with its file and why, the other runs re
 (--groups) and the fastest group's choice (--fastest), on summaries written as ringexp writes them, checked against
 numbers computed here and against what scripts/cluster_story.sh computed before compare could."""
 
-import contextlib
 import csv
 import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_cli
+from conftest import ROOT, TINY, run_cli, within
 from omegaconf import OmegaConf
 
 from ringexp import compare, records
@@ -44,22 +42,6 @@ def copy_run(real_run, dst, tag: str):
 
 def edit_summary(run, **changes):
     (run / "summary.json").write_text(json.dumps(records.read_summary(run) | changes))
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """A failed test instead of one that hangs (a FIFO opened for reading waits for a writer forever). pytest's
-    failure, not TimeoutError: that is an OSError, which compare takes for an unreadable file."""
-    def give_up(*_):
-        pytest.fail(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, give_up)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.slow

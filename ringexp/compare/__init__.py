@@ -7,8 +7,9 @@ speed-up against a baseline row (`--baseline TEXT`: the first row whose label co
 `ddp` row, else the first), the step time split, bytes per step, final/best macro-AUROC and F1, peak memory.
 Failed runs are listed with their error; a run whose records cannot be used (a file that is not a run's record, a
 FIFO, a symlink, a summary lacking or mistyping what the table reads) as unreadable, with the file and why, and
-the other runs are reported as before. Every sweep of `ringexp.train -m` ends with this report written
-into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
+the other runs are reported as before. Every file compare writes replaces what is at its name (records.write_file):
+a symlink planted there is replaced, never written through. Every sweep of `ringexp.train -m` ends with this report
+written into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
 
 Seed groups (ringexp.compare.groups; always where a group has several seeds, else with `--groups`): the completed
 runs whose overrides are the same but for `seed=` (a run without one has the schema's default seed), one row each
@@ -41,7 +42,7 @@ from ringexp.compare.cells import aligned, fmt, is_text
 from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml, yaml_text
 from ringexp.errors import ConfigError, print_error, print_warning
 from ringexp.models import build_model
-from ringexp.plotting import pyplot
+from ringexp.plotting import pyplot, save, short
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
 GROUP_OUTPUTS = ("groups.csv", seeds.QUALITY_FILE)  # with seed groups
@@ -366,13 +367,13 @@ def write_csv(rows, failed, path: Path) -> None:
     w.writerow(head + ["status", "error"])
     w.writerows([[r.get(k) for k in head] + ["completed", ""] for r in rows])
     w.writerows([[label] + [""] * (len(head) - 1) + ["failed", error] for label, error in failed])
-    path.write_text(buf.getvalue())
+    records.write_file(path, buf.getvalue())
 
 
 def plots(runs, rows, out: Path) -> None:
     plt = pyplot()
     done = [r for r in runs if r["summary"].get("status") == "completed"]
-    names = [r["run"] for r in rows]
+    names = [short(r["run"]) for r in rows]  # a label is as long as the overrides: matplotlib lays out each character
     ticks = range(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
     tps = [r["summary"]["throughput"] for r in done]
@@ -385,8 +386,7 @@ def plots(runs, rows, out: Path) -> None:
     ax.set_ylabel("samples/s (median, p10-p90)")
     ax.set_title("Throughput")
     fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "throughput.png", 100)
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for run, name in zip(done, names, strict=True):
@@ -399,8 +399,7 @@ def plots(runs, rows, out: Path) -> None:
     a2.set(xlabel="training time (s)", ylabel="validation macro-AUROC", title="AUROC against wall-clock")
     a1.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "auroc.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "auroc.png", 100)
 
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
     share = [r["comm share"] or 0 for r in rows]
@@ -413,8 +412,7 @@ def plots(runs, rows, out: Path) -> None:
     ax.set_title("Communication share")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "comm_share.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "comm_share.png", 100)
 
 
 def report(runs, out: Path | None, baseline: str | None = None, groups: bool | None = None, clusters=(),
@@ -435,9 +433,11 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
         for r in rows:
             r["quality"] = words.get(id(r["_run"]))
     if out is not None:
+        # the directory the user named (the sweep's by default) may be a link they made; every file written in it
+        # goes through records.write_file, which replaces a symlink planted at its name instead of following it
         out.mkdir(parents=True, exist_ok=True)
-        (out / "compare.md").write_text(markdown(rows, failed, base)
-                                        + (f"\nSeed groups:\n\n{judged.markdown()}" if judged else ""))
+        records.write_file(out / "compare.md", markdown(rows, failed, base)
+                           + (f"\nSeed groups:\n\n{judged.markdown()}" if judged else ""))
         write_csv(rows, failed, out / "compare.csv")
         if rows:
             plots(runs, rows, out)
@@ -545,6 +545,10 @@ def main(argv=None) -> int:
         shown, judged = reported(runs, out, args.baseline, args.groups, args.cluster, args.quality_budget)
     except ValueError as e:  # a --cluster file that cannot be read, a --baseline no run matches: nothing written
         print_error(str(e))
+        return 2
+    except OSError as e:  # --out a file, a directory not ours to write, a symlink where a file goes: one line
+        print_error(f"{printable_path(e.filename or out)}: cannot write the report there ({e.strerror or e}); give "
+                    "--out DIR")
         return 2
     print(shown, end="")
     if out is not None:

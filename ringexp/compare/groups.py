@@ -7,6 +7,10 @@ baseline's group.
     report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
                                           write() makes groups.csv and quality.json (what the planner reads)
 
+A verdict on the validation set comes only from scores that are the runs' own: val_scores.pt of the shape
+records.write_scores gives it, whose final (and best) macro-AUROC and F1, recomputed as the trainer computes them,
+are the ones the run's summary.json records; else the group gets no verdict and its note says which file disagrees.
+
 Time to target is the training seconds (steps only: evaluation and checkpoints left out) to the first evaluation at
 or above each eval.targets level, from each run's summary `targets`; a group's is the mean over the seeds that
 reached it, and its ratio is the baseline group's mean over it (above 1: reached sooner).
@@ -14,15 +18,18 @@ reached it, and its ratio is the baseline group's mean over it (above 1: reached
 
 import csv
 import io
+import pickle
 import statistics
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from ringexp import quality, records
+from ringexp import metrics, quality, records
 from ringexp.compare.cells import aligned, fmt, is_text, markdown_table
 from ringexp.config import TrainConfig
+from ringexp.errors import one_line
 
 # What a seed group averages: its column, and where a completed run's summary holds it (checked by COMPLETED).
 GROUP_METRICS = {"samples/s": "throughput.median", "final AUROC": "final.auroc_macro",
@@ -33,7 +40,9 @@ HEAD = ["group", "seeds", "seed values", "samples/s", "speed-up", "final AUROC",
 SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); speed-up, "
           "AUROC vs baseline and time-to-target ratios compare the means; time to target in training seconds")
 DEFAULT_SEED = str(next(f.default for f in fields(TrainConfig) if f.name == "seed"))  # a run without seed=
-QUALITY_FILE = "quality.json"
+QUALITY_FILE = quality.FILE  # (its format is Report.write's; quality.read_record is its one reader)
+AGREE = 1e-4  # how far a metric recomputed from val_scores.pt may lie from the summary's: both are torchmetrics'
+# on the same float32 probabilities (a GPU's sums against a CPU's: about 1e-7); a replaced file is off by far more
 
 
 @dataclass(frozen=True)
@@ -130,25 +139,66 @@ def judge(group: Group, base: Group, margin: float) -> tuple:
 
 def on_validation_set(run: dict, base: dict, margin: float, what: str) -> tuple:
     """({metric: Verdict or None}, what was missing or '') from the two runs' val_scores.pt: the final scores for
-    the final metrics, the best ones for the best metrics where they are those of the summary's best step."""
+    the final metrics, the best ones for the best metrics where they are those of the summary's best step. Scores
+    that do not give the macro-AUROC and F1 their run's summary records (a file replaced, or copied from another
+    run) give no verdict: a verdict from them would be on some other model."""
     out = dict.fromkeys(QUALITY)
     try:
         mine, theirs = records.read_scores(run["dir"]), records.read_scores(base["dir"])
-    except (OSError, ValueError, RuntimeError) as e:
-        return out, f"validation scores unreadable: {e}"
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        return out, f"validation scores unreadable: {one_line(str(e))}"  # (torch's refusals run to paragraphs)
     if mine is None or theirs is None:
         return out, "a run kept no validation scores (val_scores.pt)"
+    for r, got in ((run, mine), (base, theirs)):
+        if bad := scores_error(got) or disagreement(r, got):
+            return out, f"{r['dir']}/{records.SCORES} {bad}; no validation-set verdict"
     labels = mine["labels"].numpy()
     if labels.shape != theirs["labels"].shape or not np.array_equal(labels, theirs["labels"].numpy()):
         return out, "the runs were validated on different samples"
     for when in ("final", "best"):
-        steps = [r["summary"][when].get("step") for r in (run, base)]
-        if when == "best" and [mine["best"]["step"], theirs["best"]["step"]] != steps:
+        if when == "best" and not all(best_is_kept(r, got) for r, got in ((run, mine), (base, theirs))):
             continue  # (a resumed run whose kept best came from the attempt it redid)
         auroc, f1 = quality.validation_set(mine[when]["probs"].numpy(), theirs[when]["probs"].numpy(), labels,
                                            margin, what)
         out[f"{when} AUROC"], out[f"{when} F1"] = auroc, f1
     return out, ""
+
+
+def best_is_kept(run: dict, scores: dict) -> bool:
+    """The best scores in val_scores.pt are those of the summary's best evaluation (the same step)."""
+    return scores["best"]["step"] == run["summary"]["best"].get("step")
+
+
+def scores_error(scores) -> str:
+    """What makes `scores` no val_scores.pt that records.write_scores wrote ('' when nothing does): labels (samples x
+    labels) and, for the final and the best evaluation, its step and float probabilities of the labels' shape."""
+    if not isinstance(scores, dict) or not isinstance(scores.get("labels"), torch.Tensor) or \
+            scores["labels"].dim() != 2 or scores["labels"].is_floating_point() or not scores["labels"].numel():
+        return "holds no validation labels (samples x labels) as a run writes them"
+    for when in ("final", "best"):
+        kept = scores.get(when)
+        if not (isinstance(kept, dict) and type(kept.get("step")) is int and isinstance(kept.get("probs"), torch.Tensor)
+                and kept["probs"].is_floating_point() and kept["probs"].shape == scores["labels"].shape):
+            return f"holds no {when} probabilities of the labels' shape with their step, as a run writes them"
+    return ""
+
+
+def disagreement(run: dict, scores: dict) -> str:
+    """'' when the scores give the final (and, where they are the summary's best step's, the best) macro-AUROC
+    and macro-F1 that the run's summary.json records, recomputed as the trainer computed them (ringexp.metrics);
+    else the first that differs, both numbers."""
+    labels = scores["labels"].int()
+    for when in ("final", "best"):
+        if when == "best" and not best_is_kept(run, scores):
+            continue
+        got = metrics.quality(scores[when]["probs"].float(), labels, labels.shape[1])
+        for key, name in (("auroc_macro", "macro-AUROC"), ("f1_macro", "macro-F1")):
+            said, have = run["summary"][when].get(key), float(got[key])
+            if said is None or not abs(have - said) <= AGREE:  # (NaN from the scores disagrees too)
+                recorded = "none" if said is None else f"{said:.3f}"
+                return (f"disagrees with {records.SUMMARY} ({have:.3f} vs {recorded}: {when} {name} from the "
+                        "scores against the one recorded)")
+    return ""
 
 
 @dataclass
@@ -181,7 +231,7 @@ class Report:
         head = [k for k in dict.fromkeys(k for r in self.rows for k in r) if not k.startswith("_")]
         buf = io.StringIO()
         csv.writer(buf).writerows([head] + [[r.get(k) for k in head] for r in self.rows])
-        (out / "groups.csv").write_text(buf.getvalue())
+        records.write_file(out / "groups.csv", buf.getvalue())
         records.write_json(out / QUALITY_FILE, {"margin": self.margin, "metric": QUALITY[0], "groups": [
             {"group": r["group"], "baseline": i == self.base, "overrides": r["_overrides"], "choices": r["_choices"],
              "seeds": r["seed values"].split(), "samples_s": r["samples/s"], "speed_up": r["speed-up"],

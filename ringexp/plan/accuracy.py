@@ -14,7 +14,7 @@ from ringexp import compress, records
 from ringexp.config import CompressionConfig, PlanConfig
 from ringexp.errors import ConfigError
 from ringexp.plan import published
-from ringexp.plotting import pyplot
+from ringexp.plotting import pyplot, save, short
 
 # what `accuracy` reads of a bench.json row, and its type
 BENCH_KEYS = {"algorithm": str, "link": str, "size_bytes": int, "count": int, "nodes": int, "ranks_per_node": int,
@@ -23,19 +23,22 @@ BENCH_KEYS = {"algorithm": str, "link": str, "size_bytes": int, "count": int, "n
 
 def accuracy(pc: PlanConfig, train: list = ()) -> None:
     rows = [(path, r) for path in pc.bench for r in bench_rows(path)]
-    loaded = [published.load(path) for path in pc.cases]  # every file checked before anything is predicted
+    loaded = [(path, *published.load(path)) for path in pc.cases]  # every file checked before anything is predicted
     if not rows and not loaded:
         raise ConfigError("accuracy needs bench=[PATH,...] (bench.json files of ringexp.bench run on the cluster) "
                           "or cases=[PATH,...] (published cases: ringexp/plan/published.yaml)")
-    text = bench_report(pc, rows) if rows else ""
+    # every prediction made (a case's run refused, naming it) before anything is written
+    cases = [case(pc, path, r) for path, r in rows]
+    got = [r for path, clusters, found in loaded for c in found for r in published.predicted(path, clusters, c)]
+    text = bench_report(pc, cases) if rows else ""
     if loaded:
-        text += ("\n" if text else "") + published_report(pc, loaded)
+        text += ("\n" if text else "") + published_report(pc, got)
     print(text, end="")
 
 
-def published_report(pc: PlanConfig, loaded: list) -> str:
-    """The published cases' table, their ratios and the summary (and accuracy-published.md/json under `out`)."""
-    got = [r for clusters, cases in loaded for c in cases for r in published.predicted(clusters, c)]
+def published_report(pc: PlanConfig, got: list) -> str:
+    """The published cases' table (`got`: their runs as published.predicted gives them), their ratios and the
+    summary (and accuracy-published.md/json under `out`)."""
     rats = published.ratios(got)
     lines = ["# Published cases against the cost model", "",
              "| case | run | measured | predicted | error | NCCL's choice (model) |", "|" + "---|" * 6]
@@ -47,9 +50,10 @@ def published_report(pc: PlanConfig, loaded: list) -> str:
               f"{'right' if r['right'] else 'WRONG'} |" for r in rats]
     text = "\n".join(lines + ["", published.summary(got, rats)]) + "\n"
     if pc.out:
-        Path(pc.out).mkdir(parents=True, exist_ok=True)
-        Path(pc.out, "accuracy-published.md").write_text(text)
-        Path(pc.out, "accuracy-published.json").write_text(json.dumps({"runs": got, "ratios": rats}, indent=1) + "\n")
+        Path(pc.out).mkdir(parents=True, exist_ok=True)  # the user's directory; what goes in it never through a link
+        records.write_file(Path(pc.out, "accuracy-published.md"), text)
+        records.write_file(Path(pc.out, "accuracy-published.json"),
+                           json.dumps({"runs": got, "ratios": rats}, indent=1) + "\n")
     return text
 
 
@@ -57,8 +61,9 @@ def fmt(unit: str, v: float) -> str:
     return f"{v * 1e3:.1f} ms/step" if unit == "step_s" else f"{v:,.0f} samples/s"
 
 
-def bench_report(pc: PlanConfig, rows: list) -> str:
-    out = [case(pc, path, r) for path, r in rows]
+def bench_report(pc: PlanConfig, out: list) -> str:
+    """The bench rows' table beside the model (`out`: case() of each), the errors' summary (and accuracy.md, .json
+    and .png under `out`)."""
     errors = sorted(abs(o["error"]) for o in out)
     lines = [f"# {pc.cluster.name}: ringexp.bench medians against the cost model", "",
              "| nodes x ranks | link | algorithm | size | measured ms | predicted ms | error |", "|" + "---|" * 7]
@@ -69,8 +74,8 @@ def bench_report(pc: PlanConfig, rows: list) -> str:
     text = "\n".join(lines) + "\n"
     if pc.out:
         Path(pc.out).mkdir(parents=True, exist_ok=True)
-        Path(pc.out, "accuracy.md").write_text(text)
-        Path(pc.out, "accuracy.json").write_text(json.dumps(out, indent=1) + "\n")
+        records.write_file(Path(pc.out, "accuracy.md"), text)
+        records.write_file(Path(pc.out, "accuracy.json"), json.dumps(out, indent=1) + "\n")
         accuracy_plot(pc.cluster.name, out, Path(pc.out, "accuracy.png"))
     return text
 
@@ -144,12 +149,11 @@ def accuracy_plot(name: str, out: list, path: Path) -> None:
     ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="grey", alpha=0.15,
                     label="within 25%")
     for label, m in markers.items():
-        ax.scatter([], [], marker=m, color="black", label=label)
+        ax.scatter([], [], marker=m, color="black", label=short(label))
     for label, c in colours.items():
         ax.scatter([], [], marker="s", color=c, label=label)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured median (ms)",
-           ylabel="predicted (ms)", title=f"{name}: all-reduce, model against ringexp.bench")
+           ylabel="predicted (ms)", title=f"{short(name)}: all-reduce, model against ringexp.bench")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)

@@ -1,6 +1,8 @@
 """Cluster files (conf/cluster/*.yaml): the ones there are, one read and checked, one written from calibrate's
 measurements."""
 
+import hashlib
+import re
 import subprocess
 from datetime import date
 from pathlib import Path
@@ -12,6 +14,20 @@ from ringexp.config import CONF_DIR, ClusterConfig, bytes_per_s, load_yaml
 from ringexp.errors import ConfigError
 
 LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB)
+NAME_BYTES = 80  # the most of a name that names a file or directory (a file system takes 255 bytes)
+
+
+def file_name(text: str) -> str:
+    """`text` (a cluster's or a link's name) as one plain file or directory name: a slash, a backslash or a control
+    character as '_', and a name longer than NAME_BYTES cut, with a hash of the whole so that two long names
+    sharing their start stay apart (a cluster file's name of 900 KB is no path any file system takes)."""
+    name = re.sub(r"[/\\\x00-\x1f\x7f]", "_", text)
+    if name in ("", ".", ".."):
+        return "_"
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= NAME_BYTES:
+        return name
+    return raw[:NAME_BYTES - 9].decode("utf-8", "ignore") + "-" + hashlib.sha256(raw).hexdigest()[:8]
 
 
 def names() -> list:
@@ -56,7 +72,7 @@ def from_measurements(m: dict, out: str | None, label: str | None, line_rate: st
     link's rate, for its efficiency (else the label's, where the label is a rate)."""
     link = label or m["link"]
     line_rate = line_rate or (link if bytes_per_s(link) else None)
-    name = Path(out).stem if out else f"calibrated_{m['nodes']}x{m['ranks_per_node']}_{link}"
+    name = Path(out).stem if out else file_name(f"calibrated_{m['nodes']}x{m['ranks_per_node']}_{link}")
     how = f"measured by python -m ringexp.plan calibrate at commit {commit()} on {date.today()}"
     levels = {}
     for level in ("intra", "inter"):
@@ -76,8 +92,8 @@ def write(m: dict, out: str | None, label: str | None, line_rate: str | None = N
     """The cluster file of calibrate's measurements, into `out` or conf/cluster/, and what was measured."""
     name, text = from_measurements(m, out, label, line_rate)
     path = Path(out or Path(CONF_DIR, "cluster", f"{name}.yaml"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.parent.mkdir(parents=True, exist_ok=True)  # out='s (the user's) or conf/cluster/
+    records.write_file(path, text)  # never through a symlink at its name
     for level in ("intra", "inter"):
         if level in m:
             f = m[level]

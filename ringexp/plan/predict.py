@@ -19,6 +19,7 @@ from ringexp.config import CONF_DIR, PlanConfig, plain
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.optim import build_optimizer
+from ringexp.plan.clusters import file_name
 from ringexp.plan.report import plot, report
 from ringexp.validate import compose_config
 
@@ -101,6 +102,10 @@ def predict(pc: PlanConfig, train: list) -> None:
     bad = [p for p in pc.presets if p not in presets()]
     if bad:
         raise ConfigError(f"presets: no preset {bad[0]}; choose from {', '.join(presets())}")
+    if pc.quality and not Path(pc.quality).is_file():
+        raise ConfigError(f"quality={pc.quality}: no such file (give compare's quality.json, or leave it out for "
+                          f"{QUALITY_RECORD.relative_to(QUALITY_RECORD.parents[2])})")
+    verdicts = quality_of(pc.quality or QUALITY_RECORD)  # checked before anything is measured or written
     configs = {n: preset_config(n, rest, cl.nodes) for n in one or pc.presets or presets()}
     base = configs.get("ddp") or preset_config("ddp", rest, cl.nodes)
     model = build_model(base.model, base.data.num_labels)
@@ -111,26 +116,37 @@ def predict(pc: PlanConfig, train: list) -> None:
     ddp = row("ddp", base, cl, shapes, compute, here)
     for r in rows:
         r["speedup"] = r["samples_s"] / ddp["samples_s"]
-    if pc.quality and not Path(pc.quality).is_file():
-        raise ConfigError(f"quality={pc.quality}: no such file (give compare's quality.json, or leave it out for "
-                          f"{QUALITY_RECORD.relative_to(QUALITY_RECORD.parents[2])})")
-    verdicts = quality_of(pc.quality or QUALITY_RECORD)
     for r, cfg in zip(rows, configs.values(), strict=True):
         r["quality"], r["auroc_diff"] = judged(r["preset"], cfg, verdicts, pc.quality_budget)
     ok = [r for r in rows if r["quality"] in ELIGIBLE] or rows
     best = max(ok, key=lambda r: r["samples_s"])
     command = " ".join(["python -m ringexp.train", f"+parallel={best['preset']}", *rest])
-    out = Path(pc.out or Path("outputs", "plan", cl.name, base.model.name))
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(pc.out, cl.name, base.model.name)
     plotted = {n: c for n, c in (configs | {"ddp": base}).items() if n in pc.plot_presets}
     plot(cl, {n: partial(step_at, cfg=c, shapes=shapes, compute=compute) for n, c in plotted.items()},
          out / "plan.png")
     text = report(cl, base, rows, compute, source, best, command, pc.quality_budget, pc.quality or QUALITY_RECORD)
-    (out / "plan.md").write_text(text)
-    (out / "plan.json").write_text(json.dumps({"cluster": plain(cl), "compute": compute, "compute_source": source,
-                                               "rows": rows, "recommended": command}, indent=1) + "\n")
+    records.write_file(out / "plan.md", text)
+    records.write_file(out / "plan.json", json.dumps({"cluster": plain(cl), "compute": compute,
+                                                      "compute_source": source, "rows": rows,
+                                                      "recommended": command}, indent=1) + "\n")
     print(text, end="")
     print(f"ringexp: wrote {out}/plan.md, plan.json and plan.png")
+
+
+def out_dir(out: str | None, cluster: str, model: str) -> Path:
+    """Where predict writes: out= (the user's directory, which may be a link they made), else
+    outputs/plan/<cluster>/<model>/, made by ringexp (records.make_dir: never a symlink planted there), each name
+    as one bounded plain name (clusters.file_name: a cluster's name may be any length)."""
+    path = Path(out) if out else Path("outputs", "plan", file_name(cluster), file_name(model))
+    try:
+        if out:
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        return records.make_dir(path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or path}: cannot write the plan there ({e.strerror or e}); remove it, or "
+                          "give out=DIR") from None
 
 
 def step_at(cl, cfg, shapes: list, compute: dict) -> float:
@@ -144,21 +160,24 @@ ELIGIBLE = ("exact", "equivalent", "better")  # what the recommendation may choo
 def quality_of(path) -> dict:
     """{conf/parallel preset: the verdict's record on the file's headline metric (final macro-AUROC)} from
     compare's quality.json: the groups whose overrides are the baseline's but for `+parallel=NAME` (seeds apart);
-    {} where the file is missing."""
+    {} where the file is missing. Every group and verdict of the file is checked first (quality.read_record): a
+    reversed interval or a word its numbers do not give is refused, naming the group and the entry."""
     if not Path(path).is_file():
         return {}
     try:
-        record = records.read_json(path)
-        base = next(set(g["overrides"]) for g in record["groups"] if g["baseline"])
-        out = {}
-        for g in record["groups"]:
-            extra = set(g["overrides"]) - base
-            if len(extra) == 1 and (name := extra.pop()).startswith("+parallel=") and \
-                    base - set(g["overrides"]) <= {"+parallel=ddp"}:
-                out[name.removeprefix("+parallel=")] = g["verdicts"].get(record["metric"])
-        return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration) as e:
-        raise ConfigError(f"quality={path}: not compare's quality.json ({type(e).__name__}: {e})") from None
+        record = quality.read_record(path)
+    except OSError as e:
+        raise ConfigError(f"quality={path}: cannot read it ({e.strerror or e}); give compare's quality.json") from None
+    except ValueError as e:
+        raise ConfigError(f"quality={path}: {e}; give compare's quality.json as compare wrote it") from None
+    base = next(set(g["overrides"]) for g in record["groups"] if g["baseline"])
+    out = {}
+    for g in record["groups"]:
+        extra = set(g["overrides"]) - base
+        if len(extra) == 1 and (name := extra.pop()).startswith("+parallel=") and \
+                base - set(g["overrides"]) <= {"+parallel=ddp"}:
+            out[name.removeprefix("+parallel=")] = g["verdicts"].get(record["metric"])
+    return out
 
 
 def judged(name: str, cfg, verdicts: dict, budget: float) -> tuple:

@@ -13,25 +13,38 @@ The file, in short (ringexp/plan/published.yaml is the shipped one):
         train: [training overrides], env: {NCCL_ALGO: ..., NCCL_PROTO: ...}  (both optional)
         runs: [{name, nodes, ranks_per_node, step_s or samples_s, source, train, baseline, input}]
 
-`input: true` marks the run the compute was taken from: predicted exactly by construction, so not scored."""
+`input: true` marks the run the compute was taken from: predicted exactly by construction, so not scored. Every
+field is checked for its kind and range before anything is built (params at most 10^12, a step at most a day,
+train a list of overrides, a model timm knows); a run whose configuration Hydra or ringexp refuses is named with
+the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`."""
 
 import dataclasses
 import math
 import statistics
 
 import torch
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import parallel, records
 from ringexp.config import NCCL_CHOICES, ClusterConfig, ModelConfig, nccl_list_error, yaml_text
 from ringexp.errors import ConfigError, one_line
-from ringexp.models import build_model
+from ringexp.models import build_model, check_model
+from ringexp.plotting import short
 from ringexp.validate import compose_config
 
 CASE_KEYS = {"name": str, "source": str, "cluster": str, "batch": int, "compute": dict, "runs": list}
 RUN_KEYS = {"name": str, "nodes": int, "ranks_per_node": int, "source": str}
 MEASURES = ("step_s", "samples_s")  # what a run's measurement may be: seconds per optimizer step, or throughput
+# The ranges of a case's numbers, checked before anything is built: `params` is split into shapes of 4M (below,
+# one entry each, and every run's cost walks them: 10^12 takes seconds a run, 10^15 took 5 GB before failing);
+# `batch` at most what the training schema's default data holds on each of 2 ranks (compose_config checks it);
+# a step of more than a day or a throughput of more than 10^9 samples/s is no measurement (1e308 made every
+# prediction infinite).
+MAX_PARAMS = 10 ** 12  # a trillion: beyond the largest dense model published
+MAX_BATCH = 8192
+MAX = {"step_s": 86400.0, "samples_s": 1e9}
 
 
 def load(path: str) -> tuple:
@@ -43,7 +56,8 @@ def load(path: str) -> tuple:
         raise ConfigError(f"cases={path}: cannot read it ({e.strerror or e}); give a published-cases YAML") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"cases={path}: {one_line(str(e))}") from None
-    if not isinstance(doc.get("clusters"), dict) or not isinstance(doc.get("cases"), list) or not doc["cases"]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), dict) or \
+            not isinstance(doc.get("cases"), list) or not doc["cases"]:
         raise ConfigError(f"cases={path}: needs a `clusters` mapping and a non-empty `cases` list")
     clusters = {name: cluster(path, name, c) for name, c in doc["clusters"].items()}
     cases = [checked(path, i, c, clusters) for i, c in enumerate(doc["cases"])]
@@ -54,58 +68,104 @@ def cluster(path: str, name: str, body) -> ClusterConfig:
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConfig), {"name": name, **body}))
     except (OmegaConfBaseException, ConfigError, TypeError) as e:
-        raise ConfigError(f"cases={path}: cluster {name}: {one_line(str(e))}") from None
+        raise ConfigError(f"cases={path}: cluster {short(name)}: {one_line(str(e))}") from None
 
 
-def checked(path: str, i: int, case, clusters: dict) -> dict:
-    """The case as read, or ConfigError `cases=FILE: case NAME: FIELD ...`."""
-    name = case.get("name", f"#{i}") if isinstance(case, dict) else f"#{i}"
+def refuser(path: str, i: int, case):
+    """The function that refuses a field of case `i`: ConfigError `cases=FILE: case NAME: FIELD: WHY`."""
+    name = short(case["name"]) if isinstance(case, dict) and isinstance(case.get("name"), str) else f"#{i}"
 
     def wrong(field: str, why: str):
         raise ConfigError(f"cases={path}: case {name}: {field}: {why}")
 
+    return wrong
+
+
+def checked(path: str, i: int, case, clusters: dict) -> dict:
+    """The case as read, or ConfigError `cases=FILE: case NAME: FIELD ...`."""
+    wrong = refuser(path, i, case)
     if not isinstance(case, dict):
         wrong("case", "not a mapping")
     for key, kind in CASE_KEYS.items():
         if not isinstance(case.get(key), kind) or isinstance(case.get(key), bool):
-            wrong(key, "missing" if key not in case else f"{case[key]!r} is not a {kind.__name__}")
+            wrong(key, "missing" if key not in case else f"{described(case[key])} is not a {kind.__name__}")
     if case["cluster"] not in clusters:
-        wrong("cluster", f"{case['cluster']!r} is none of the file's clusters ({', '.join(clusters)})")
-    if ("model" in case) == ("params" in case):
-        wrong("model", "give a timm model name or a parameter count (params), one of them")
+        wrong("cluster", f"{described(case['cluster'])} is none of the file's clusters ({', '.join(clusters)})")
+    if not 1 <= case["batch"] <= MAX_BATCH:
+        wrong("batch", f"{case['batch']} must be in [1, {MAX_BATCH}] (per GPU)")
+    model(case, wrong)
     number(case["compute"], "step_s", wrong, "compute.")
     if not case["compute"].get("source"):
         wrong("compute.source", "every number needs its source")
+    overrides(case, "train", wrong)
+    if not isinstance(case.get("env") or {}, dict):
+        wrong("env", f"{described(case['env'])} is not a mapping of NCCL_ALGO and NCCL_PROTO")
     for key, value in (case.get("env") or {}).items():
         if key not in NCCL_CHOICES or key == "NCCL_DEBUG":
-            wrong(f"env.{key}", "only NCCL_ALGO and NCCL_PROTO restrict the model")
+            wrong(f"env.{short(key)}", "only NCCL_ALGO and NCCL_PROTO restrict the model")
         if bad := nccl_list_error(key, str(value)):
-            wrong(f"env.{key}", f"{value}: {bad}")
+            wrong(f"env.{key}", f"{short(value)}: {bad}")
     names = [r.get("name") for r in case["runs"] if isinstance(r, dict)]
     for j, run in enumerate(case["runs"]):
         check_run(run, j, names, wrong)
     return case
 
 
+def model(case: dict, wrong) -> None:
+    """A timm model's name, or a parameter count in [1, MAX_PARAMS]: one of them."""
+    if ("model" in case) == ("params" in case):
+        wrong("model", "give a timm model name or a parameter count (params), one of them")
+    if "params" in case:
+        n = case["params"]
+        if type(n) is not int or not 1 <= n <= MAX_PARAMS:
+            wrong("params", f"{described(n)} must be a whole number of parameters in [1, {MAX_PARAMS:.0e}]")
+        return
+    if not isinstance(case["model"], str):
+        wrong("model", f"{described(case['model'])} is not a timm model's name")
+    try:
+        check_model(case["model"])
+    except ConfigError as e:
+        wrong("model", str(e).removeprefix("model.name="))
+
+
+def overrides(d: dict, key: str, wrong, prefix: str = "") -> None:
+    """`d[key]`, where given, a list of training overrides (text): never a string, whose letters would be
+    taken one by one, nor a list inside the list."""
+    v = d.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(o, str) for o in v):
+        wrong(f"{prefix}{key}", f"{described(v)} is not a list of training overrides (text, e.g. [+parallel=ddp])")
+
+
+def described(v) -> str:
+    """A value of the file in a message: short (a name may be any length), a container by its kind."""
+    if isinstance(v, list):
+        return f"a list of {', '.join(sorted({type(x).__name__ for x in v})) or 'nothing'}"
+    return ascii(short(v)) if isinstance(v, str) else short(repr(v)) if isinstance(v, int | float | bool) or \
+        v is None else f"a {type(v).__name__}"
+
+
 def check_run(run, j: int, names: list, wrong) -> None:
-    label = f"runs[{j}]" if not isinstance(run, dict) or "name" not in run else f"run {run['name']!r}"
+    label = f"runs[{j}]" if not isinstance(run, dict) or not isinstance(run.get("name"), str) else \
+        f"run {ascii(short(run['name']))}"
     if not isinstance(run, dict):
         wrong(label, "not a mapping")
     for key, kind in RUN_KEYS.items():
         if not isinstance(run.get(key), kind) or isinstance(run.get(key), bool):
-            wrong(f"{label}: {key}", "missing" if key not in run else f"{run[key]!r} is not a {kind.__name__}")
+            wrong(f"{label}: {key}", "missing" if key not in run else f"{described(run[key])} is not a {kind.__name__}")
     given = [m for m in MEASURES if m in run]
     if len(given) != 1:
         wrong(f"{label}: step_s", "give the measured step_s or samples_s, one of them")
     number(run, given[0], wrong, f"{label}: ")
+    overrides(run, "train", wrong, f"{label}: ")
     if run.get("baseline") is not None and run["baseline"] not in names:
-        wrong(f"{label}: baseline", f"{run['baseline']!r} is no run of this case")
+        wrong(f"{label}: baseline", f"{described(run['baseline'])} is no run of this case")
 
 
 def number(d: dict, key: str, wrong, prefix: str) -> None:
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-        wrong(f"{prefix}{key}", "missing" if key not in d else f"{v!r} must be a finite number > 0")
+    v, most = d.get(key), MAX.get(key, MAX["step_s"])
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 < v <= most):
+        wrong(f"{prefix}{key}", "missing" if key not in d else f"{described(v)} must be a finite number > 0 and "
+              f"at most {most:g}")
 
 
 def shapes_of(case: dict) -> list:
@@ -119,24 +179,55 @@ def shapes_of(case: dict) -> list:
     return [torch.Size([piece])] * (n // piece) + ([torch.Size([n % piece])] if n % piece else [])
 
 
-def predicted(clusters: dict, case: dict) -> list:
-    """Every run of `case` beside the model's prediction: [{case, run, measured, predicted, error, unit, ...}]."""
+def predicted(path: str, clusters: dict, case: dict) -> list:
+    """Every run of `case` (of the file `path`) beside the model's prediction: [{case, run, measured, predicted,
+    error, unit, ...}]; ConfigError naming the file, the case, the run and its field where a run's configuration
+    is refused (an unknown preset or key in `train`, a shape the cluster cannot have)."""
     shapes = shapes_of(case)
     step = case["compute"]["step_s"]  # forward : backward = 1 : 2, as compare splits a run's compute
     compute = {"forward_s": step / 3, "backward_s": 2 * step / 3, "optimizer_s": 0.0}
-    env = [f"+backend.env.{k}={v}" for k, v in (case.get("env") or {}).items()]
     out = []
     for run in case["runs"]:
-        cl = dataclasses.replace(clusters[case["cluster"]], nodes=run["nodes"], ranks_per_node=run["ranks_per_node"])
-        train = [*env, *case.get("train", []), *run.get("train", [])]
-        default = [] if any(a.startswith("+parallel=") for a in train) else ["+parallel=ddp"]
-        cfg = compose_config([*default, f"data.batch_size={case['batch']}", *train], run["nodes"])
-        got = parallel.step_cost(cl, cfg, shapes, compute)
+        got = run_cost(path, clusters, case, run, shapes, compute)
         unit = "step_s" if "step_s" in run else "samples_s"
         out.append({"case": case["name"], "run": run["name"], "unit": unit, "measured": run[unit],
                     "predicted": got[unit], "error": got[unit] / run[unit] - 1, "input": bool(run.get("input")),
                     "baseline": run.get("baseline"), "chosen": got.get("nccl", ""), "source": run["source"]})
     return out
+
+
+def run_cost(path: str, clusters: dict, case: dict, run: dict, shapes: list, compute: dict) -> dict:
+    """parallel.step_cost of one run: its shape of the case's cluster, its training config (the case's env and
+    train, then the run's own train); ConfigError `cases=FILE: case NAME: run NAME: FIELD: WHY` where refused."""
+    wrong = refuser(path, 0, case)
+    label = f"run {ascii(short(run['name']))}"
+    try:
+        cl = dataclasses.replace(clusters[case["cluster"]], nodes=run["nodes"], ranks_per_node=run["ranks_per_node"])
+    except ConfigError as e:
+        wrong(f"{label}: nodes, ranks_per_node", str(e))
+    try:
+        return parallel.step_cost(cl, composed(case, run), shapes, compute)
+    except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
+        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+        # the run's own overrides are named where the case's compose without them (asked only once refused)
+        field = f"{label}: train" if run.get("train") and composes(case, dict(run, train=[])) else "train"
+        wrong(field, short(one_line(str(e)) + cause, 400))
+
+
+def composed(case: dict, run: dict):
+    """The training config of a run: the case's env and train, then the run's own, at the case's batch."""
+    env = [f"+backend.env.{k}={v}" for k, v in (case.get("env") or {}).items()]
+    train = [*env, *case.get("train", []), *run.get("train", [])]
+    default = [] if any(a.startswith("+parallel=") for a in train) else ["+parallel=ddp"]
+    return compose_config([*default, f"data.batch_size={case['batch']}", *train], run["nodes"])
+
+
+def composes(case: dict, run: dict) -> bool:
+    try:
+        composed(case, run)
+    except (ValueError, HydraException, OmegaConfBaseException):
+        return False
+    return True
 
 
 def ratios(rows: list) -> list:

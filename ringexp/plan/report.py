@@ -5,7 +5,7 @@ import dataclasses
 from pathlib import Path
 
 from ringexp import costmodel
-from ringexp.plotting import pyplot
+from ringexp.plotting import pyplot, save, short
 
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
 
@@ -56,11 +56,12 @@ def plot(cl, step_s: dict, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, step in sorted(step_s.items()):
-        ax.plot(BANDWIDTHS_GBIT, [step(with_bandwidth(cl, g)) for g in BANDWIDTHS_GBIT], marker="o", label=name)
-    ax.axvline(8 / cl.inter.beta_s_per_byte / 1e9, color="grey", linestyle=":", label=f"{cl.name}'s link")
+        ax.plot(BANDWIDTHS_GBIT, [step(with_bandwidth(cl, g)) for g in BANDWIDTHS_GBIT], marker="o",
+                label=short(name))
+    # a name is shown short: matplotlib lays out every character (a cluster named with 900 KB took minutes)
+    ax.axvline(8 / cl.inter.beta_s_per_byte / 1e9, color="grey", linestyle=":", label=f"{short(cl.name)}'s link")
     ax.set(xscale="log", yscale="log", xlabel="inter-node bandwidth per node (Gbit/s)", ylabel="step time (s)",
            title=f"predicted (cost model): {cl.nodes} x {cl.ranks_per_node} ranks")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)
