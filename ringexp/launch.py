@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -147,6 +148,8 @@ def run_worker(cfg, run_dir, meta):
     the return value to the dead agent and wait for it to be read, forever."""
     stop.take_over()
     agent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    if agent is not None:
+        watch_agent(agent, run_dir)
     try:
         return attempt(cfg, run_dir, meta)
     finally:
@@ -154,7 +157,23 @@ def run_worker(cfg, run_dir, meta):
             orphaned(agent, run_dir)
 
 
-def orphaned(agent: int, run_dir) -> None:
+ORPHAN_GRACE_S = 20.0  # what a worker whose agent died gets to stop by itself before its watcher ends it
+
+
+def watch_agent(agent: int, run_dir) -> None:
+    """A daemon thread that ends this worker ORPHAN_GRACE_S after its agent died, should anything hold it past its
+    next step (the parent-death signal stops it there, and it exits through `orphaned`). Seen once in CI: a rank
+    that had logged its stop was still alive a minute later, idle, its launcher killed."""
+    def watch():
+        while os.getppid() == agent:
+            time.sleep(1.0)
+        time.sleep(ORPHAN_GRACE_S)
+        orphaned(agent, run_dir, flush_logs=False)  # (a log handler's lock may be what holds the main thread)
+
+    threading.Thread(target=watch, name="ringexp-agent-watch", daemon=True).start()
+
+
+def orphaned(agent: int, run_dir, flush_logs: bool = True) -> None:
     """The agent that started this worker is gone: rank 0 says so in summary.json (a completed run's stays), then
     the worker exits at once."""
     if os.environ.get("RANK") == "0" and run_dir:
@@ -162,7 +181,8 @@ def orphaned(agent: int, run_dir) -> None:
         where = f"resume=auto hydra.run.dir={run_dir} continues from {kept[-1].name}" if kept else \
             "no checkpoint was written"
         records.mark_failed(run_dir, f"interrupted: the launcher (pid {agent}) was killed; {where}", "interrupted")
-    logging.shutdown()
+    if flush_logs:
+        logging.shutdown()
     os._exit(stop.EXIT_CODE)
 
 
