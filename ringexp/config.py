@@ -8,18 +8,15 @@ groups (combinations, data files, the machine) is checked by ringexp.validate. W
 dataclasses, with enums where a field has a fixed set of values.
 """
 
-import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from ringexp.errors import ConfigError, one_line
+from ringexp.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 # The config groups of each tool besides training, which composes every other group of conf/ (the tools share
@@ -394,286 +391,15 @@ class TrainConfig:
         need(self.throughput_warmup >= 0, "throughput_warmup", self.throughput_warmup, "must be >= 0")
 
 
-@dataclass
-class BenchLauncherConfig:
-    device: Device = Device.auto  # cuda: NCCL, one GPU per rank; cpu: gloo; auto: cuda where nprocs find GPUs
-
-
-@dataclass
-class BenchConfig:
-    """`python -m ringexp.bench`: all-reduce algorithms x message sizes x dtypes x world sizes."""
-    algorithms: List[str] = field(default_factory=lambda: ["builtin", "ring", "hierarchical", "hierarchical:leader",
-                                                           "naive"])
-    compressors: List[str] = field(default_factory=lambda: ["none"])  # each algorithm again per compressor
-    ratio: float = 0.01  # topk / randomk in the bench
-    sizes: List[int] = field(default_factory=list)  # bytes; empty: min_bytes .. max_bytes by size_factor
-    min_bytes: int = 1024
-    max_bytes: int = 256 << 20
-    size_factor: int = 4
-    dtypes: List[str] = field(default_factory=lambda: ["float32"])
-    nprocs: List[int] = field(default_factory=lambda: [2, 4])
-    iters: int = 10
-    min_time_s: float = 2.0  # more rounds (up to 20x iters) for sizes whose iters rounds take less
-    warmup: int = 2
-    # seconds every rank waits before each timed round, as a training step computes before its all-reduce: a shaped
-    # link (tbf) saves tokens while idle, so back-to-back rounds alone can time it faster or slower than training sees
-    gap_s: float = 0.0
-    segment_kb: Optional[int] = None  # null: the ring's automatic size
-    nodes: int = 2  # hierarchical (both variants): emulated nodes; must divide each world size
-    timeout_s: float = 300.0
-    codec: bool = False  # instead: each compressor's encode/decode speed on one core against an fp16 cast
-    launcher: BenchLauncherConfig = field(default_factory=BenchLauncherConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    name: Optional[str] = None
-
-    def __post_init__(self):
-        need(0 < self.ratio <= 1, "bench: ratio", self.ratio, "must be in (0, 1]")
-        for key in ("iters", "min_bytes", "nodes"):
-            need(getattr(self, key) >= 1, f"bench: {key}", getattr(self, key), "must be >= 1")
-        need(self.size_factor >= 2, "bench: size_factor", self.size_factor, "must be >= 2")
-        need(self.max_bytes >= self.min_bytes, "bench: max_bytes", self.max_bytes,
-             f"must be >= min_bytes ({self.min_bytes}), or no size is left to time")
-        need(all(s >= 1 for s in self.sizes), "bench: sizes", self.sizes, "every size must be >= 1 byte")
-        # codec=true times float32 tensors of size // 4 elements: a smaller size would time an empty tensor
-        key, value = ("bench: sizes", self.sizes) if self.sizes else ("bench: min_bytes", self.min_bytes)
-        need(not self.codec or min(self.sizes or [self.min_bytes]) >= 4, key, value,
-             "codec=true times float32 tensors: every size must hold one element (>= 4 bytes)")
-        need(self.warmup >= 0, "bench: warmup", self.warmup, "must be >= 0")
-        need(0 <= self.gap_s <= 60, "bench: gap_s", self.gap_s, "must be in [0, 60] seconds")
-        need(all(n >= 1 for n in self.nprocs), "bench: nprocs", self.nprocs, "every world size must be >= 1")
-        need(self.segment_kb is None or self.segment_kb >= 1, "bench: segment_kb", self.segment_kb, "must be >= 1")
-        # both ends of each range: NaN fails every comparison, and an infinite time overflows in the workers
-        need(0 <= self.min_time_s <= 3600, "bench: min_time_s", self.min_time_s, "must be in [0, 3600] seconds")
-        need(0 < self.timeout_s <= 86400, "bench: timeout_s", self.timeout_s, "must be in (0, 86400] seconds")
-
-
-# How a level's bytes travel (a cluster file's `transport`): each has a documented share of line rate it reaches
-# (ringexp.costmodel.EFFICIENCY); "measured" is a level whose beta calibrate measured, so it already includes it.
-TRANSPORTS = ("measured", "nvlink", "pcie", "rdma", "socket")
-GPU_ARCHS = ("volta", "ampere", "hopper")  # NCCL's low-latency protocols' bandwidth caps differ by generation
-
-
-def bytes_per_s(rate: str) -> float | None:
-    """A tc-style rate ('25mbit', '1gbit', '12.5mbps': bytes) in bytes per second; None if it is not one."""
-    got = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)(bit|bps)", rate.strip().lower())
-    if not got:
-        return None
-    n = float(got[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[got[2]]
-    return n / 8 if got[3] == "bit" else n
-
-
-@dataclass
-class LinkConfig:
-    """One level of a cluster's network: a message of n bytes takes alpha_s + n * beta_s_per_byte / efficiency."""
-    alpha_s: float = 0.0  # latency per message, seconds
-    beta_s_per_byte: float = 1e-9  # seconds per byte at line rate: 1 / bandwidth (inter: of a node's whole link)
-    source: str = ""  # where the two numbers come from
-    transport: str = "measured"  # one of TRANSPORTS
-    efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the transport's default)
-
-
-@dataclass
-class ClusterConfig:
-    """A cluster for `python -m ringexp.plan` (conf/cluster/): its shape, links, and compute-side costs."""
-    name: str = "local"
-    nodes: int = 1
-    ranks_per_node: int = 2  # the most ranks a node takes (GPUs per node)
-    link: str = "loopback"  # the link label runs on this cluster record; compare matches runs to it
-    backend: str = "nccl"  # nccl or gloo: gloo has no reduce-scatter (FSDP's is a full all-reduce there)
-    intra: LinkConfig = field(default_factory=LinkConfig)
-    inter: LinkConfig = field(default_factory=LinkConfig)
-    add_s_per_byte: float = 0.0  # summing a received float32 buffer into one's own
-    encode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte, by compressor
-    decode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte (decode and add)
-    compute_slowdown: float = 1.0  # a rank's compute with every rank computing at once / alone (shared CPU cores)
-    cpu_threads: int = 0  # a CPU rank's intra-op threads when calibrated (0: cores here / ranks per node)
-    call_s: float = 0.0  # per collective call beyond its alpha-beta time: launch and dispatch (calibrate measures)
-    bucket_s: float = 0.0  # per DDP bucket, on the training thread: the reducer's hook, copies and launch
-    gpu_arch: str = "hopper"  # nccl: the GPU generation, for NCCL's low-latency protocols' caps (GPU_ARCHS)
-    nvls: bool = False  # nccl: NVLink SHARP (NVSwitch multicast, H100 with NVLink 4 switches) is there
-    collnet: bool = False  # nccl: in-network reduction (SHARP on InfiniBand switches) is there
-    nccl_algo: str = ""  # nccl: NCCL_ALGO as the cluster's NCCL has it ("": NCCL's choice; a run's backend.env wins)
-    nccl_proto: str = ""  # nccl: NCCL_PROTO likewise
-    source: str = ""
-
-    def __post_init__(self):
-        # Every number against both ends of its range: NaN fails every comparison (where min() over a list holding
-        # one may skip it), and an infinite or absurd constant only comes back as a prediction of 0 samples/s
-        # (a division by zero) or a codec ranked fastest.
-        need(self.backend in ("nccl", "gloo"), "cluster.backend", self.backend, "choose nccl or gloo")
-        need(bool(self.name) and self.name not in (".", "..") and not set(self.name) & set("/\\\0"), "cluster.name",
-             repr(self.name), "must be a plain name (it names the directory outputs/plan/<name>/): no slashes")
-        need(1 <= self.nodes <= 1 << 20 and 1 <= self.ranks_per_node <= 1 << 20, "cluster.nodes, ranks_per_node",
-             f"{self.nodes}, {self.ranks_per_node}", "must be in [1, 1048576]")
-        for level in ("intra", "inter"):
-            link = getattr(self, level)
-            need(0 < link.beta_s_per_byte <= 1, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
-                 "must be > 0 and at most 1 second per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
-            need(0 <= link.alpha_s <= 60, f"cluster.{level}.alpha_s", link.alpha_s,
-                 "must be >= 0 and at most 60 seconds")
-            need(link.transport in TRANSPORTS, f"cluster.{level}.transport", link.transport,
-                 f"choose one of {', '.join(TRANSPORTS)}")
-            need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
-                 "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
-        costs = {"add_s_per_byte": self.add_s_per_byte} | {
-            f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
-            for name, v in getattr(self, f"{kind}_s_per_byte").items()}
-        for key, v in costs.items():
-            need(0 <= v <= 1, f"cluster.{key}", v, "must be >= 0 and at most 1 second per float32 byte")
-        need(0 < self.compute_slowdown <= 1000, "cluster.compute_slowdown", self.compute_slowdown,
-             "must be > 0 and at most 1000")
-        need(0 <= self.cpu_threads <= 4096, "cluster.cpu_threads", self.cpu_threads,
-             "must be in [0, 4096] (0: cores / ranks)")
-        for key in ("call_s", "bucket_s"):
-            need(0 <= getattr(self, key) <= 60, f"cluster.{key}", getattr(self, key), "must be >= 0 and at most 60 s")
-        need(self.gpu_arch in GPU_ARCHS, "cluster.gpu_arch", self.gpu_arch, f"choose one of {', '.join(GPU_ARCHS)}")
-        for key in ("NCCL_ALGO", "NCCL_PROTO"):
-            value = getattr(self, key.lower())
-            need(not value or not nccl_list_error(key, value), f"cluster.{key.lower()}", value,
-                 nccl_list_error(key, value) if value else "")
-
-
-@dataclass
-class PlanConfig:
-    """`python -m ringexp.plan calibrate|predict`: see ringexp/plan.py."""
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    nodes: Optional[int] = None  # predict: nodes to use (null: the cluster's)
-    ranks_per_node: Optional[int] = None  # predict: ranks per node (null: the cluster's; at most that)
-    forward_s: Optional[float] = None  # predict: one rank's forward, backward and optimizer step, seconds
-    backward_s: Optional[float] = None  # (null: measured here, on one rank, times cluster.compute_slowdown)
-    optimizer_s: Optional[float] = None
-    presets: List[str] = field(default_factory=list)  # predict: conf/parallel presets (empty: all but single)
-    plot_presets: List[str] = field(default_factory=lambda: ["ddp", "hierarchical", "hierarchical_int8", "ring_fp16",
-                                                             "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
-    quality_budget: float = 0.02  # predict: the equivalence margin in macro-AUROC a recommended preset must meet
-    # predict: the quality verdicts' record (compare's quality.json) whose paired differences judge each preset;
-    # null: the slow-link story's, docs/results/cluster-story-quality.json
-    quality: Optional[str] = None
-    out: Optional[str] = None  # predict: where plan.md/json/png go; calibrate: the cluster file to write
-    nprocs: int = 2  # calibrate: local workers (under torchrun or Slurm: the job's own ranks)
-    sizes: List[int] = field(default_factory=lambda: [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26])
-    iters: int = 5  # calibrate: timed rounds per size (the median is kept)
-    label: Optional[str] = None  # calibrate: the cluster's link label (null: the job's, as runs record it)
-    bench: List[str] = field(default_factory=list)  # accuracy: bench.json files whose rows to predict
-    cases: List[str] = field(default_factory=list)  # accuracy: published-cases YAML files (ringexp/plan/published.yaml)
-    line_rate: Optional[str] = None  # calibrate: the inter-node link's line rate (tc's units: 25mbit, 100gbit), so
-    # that the file keeps it as beta and what the transport reaches of it as efficiency (null: the label's, if a rate)
-
-    def __post_init__(self):
-        need(self.nodes is None or self.nodes >= 1, "nodes", self.nodes, "must be >= 1")
-        need(self.ranks_per_node is None or 1 <= self.ranks_per_node <= self.cluster.ranks_per_node,
-             "ranks_per_node", self.ranks_per_node,
-             f"cluster {self.cluster.name} has {self.cluster.ranks_per_node} per node")
-        for key in ("forward_s", "backward_s", "optimizer_s"):  # (NaN fails both comparisons)
-            need(getattr(self, key) is None or 0 <= getattr(self, key) <= 86400, key, getattr(self, key),
-                 "must be >= 0 s and at most a day (86400)")
-        need(0 <= self.quality_budget <= 1, "quality_budget", self.quality_budget, "must be in [0, 1] (macro-AUROC)")
-        need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
-             "give a rate as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
-        need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
-        need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",
-             "need >= 1 round and sizes >= 4 bytes")
-
-
-@dataclass
-class TuneConfig:
-    """`python -m ringexp.tune`'s own keys, given as tune.KEY=VALUE (docs/tune.md); every other KEY=VALUE is a
-    training override, the baseline every candidate changes."""
-    budget_min: float = 10.0  # machine minutes for the whole tune: baseline, trials and verification
-    quality_budget: float = 0.02  # the equivalence margin in macro-AUROC a chosen candidate must meet
-    presets: List[str] = field(default_factory=list)  # conf/parallel presets to search (empty: every multi-rank one)
-    # each "KEY=V1,V2": values tried one knob at a time on every preset the knob changes (ringexp/tune/space.py)
-    knobs: List[str] = field(default_factory=lambda: ["accumulation.steps=2,4", "parallel.bucket_cap_mb=5,100",
-                                                      "compression.rank=2", "compression.start_step=10",
-                                                      "compression.ratio=0.05"])
-    search: str = "planner"  # planner: the planner's ranking and pruning; random: shuffled, nothing pruned
-    prune: float = 0.1  # leave out candidates predicted this much slower than the baseline (planner search)
-    trial_steps: int = 30  # the first rung's trial length; each halving rung runs `eta` times longer
-    eta: int = 2  # successive halving: the fastest 1/eta of a rung go on to the next
-    rungs: int = 2  # halving rungs (1: one short trial each)
-    verify: int = 3  # the most candidates verified at full length over seeds, fastest first
-    seeds: int = 3  # seeds per side in verification (paired verdict from 2; 3 or more to decide one)
-    trial_timeout_s: float = 1800.0  # a trial running longer is stopped and recorded as timed out
-    command: str = ""  # the training command a trial runs (empty: this Python's -m ringexp.train)
-    cluster: Optional[str] = None  # the planner's cluster (name or YAML; null: one matching the job, else calibrated)
-    out: Optional[str] = None  # the tune's directory (null: outputs/tune/<time>); the same again continues it
-    seed: int = 0  # the random search's order
-
-    def __post_init__(self):
-        need(0 < self.budget_min <= 7 * 24 * 60, "tune.budget_min", self.budget_min, "must be > 0 and at most a week")
-        need(0 <= self.quality_budget <= 1, "tune.quality_budget", self.quality_budget,
-             "must be in [0, 1] (macro-AUROC)")
-        need(self.search in ("planner", "random"), "tune.search", self.search, "choose planner or random")
-        need(0 <= self.prune <= 10, "tune.prune", self.prune, "must be in [0, 10] (a fraction of the baseline's step)")
-        need(self.trial_steps >= 1, "tune.trial_steps", self.trial_steps, "must be >= 1")
-        need(self.eta >= 2 and self.rungs >= 1, "tune.eta, rungs", f"{self.eta}, {self.rungs}",
-             "need eta >= 2 and at least 1 rung")
-        need(self.verify >= 1 and self.seeds >= 1, "tune.verify, seeds", f"{self.verify}, {self.seeds}",
-             "need at least 1 candidate and 1 seed")
-        need(self.trial_timeout_s > 0, "tune.trial_timeout_s", self.trial_timeout_s, "must be > 0 seconds")
-
-
-def load_yaml(schema, path, data: Optional[bytes] = None, over=None):
-    """A YAML file (a run's config.yaml, a conf/cluster/ file) as the checked dataclass `schema`, merged over `over`
-    (a config of that schema; default: the schema's defaults). `data`: the file's bytes, when the caller read them
-    through records.read_bytes (which refuses FIFOs, devices and oversized files, and which this layer, below
-    records, cannot import); else read here. Anything wrong with the file is a ConfigError naming it (yaml_text's,
-    a wrong key or type, a value out of range)."""
-    text = yaml_text(path, Path(path).read_bytes() if data is None else data)
-    try:
-        node = OmegaConf.create(text)
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema) if over is None else over, node))
-    except (yaml.YAMLError, OmegaConfBaseException, ConfigError) as e:
-        raise ConfigError(f"{path}: {one_line(str(e))}") from None
-
-
-def yaml_text(path, data: bytes, mapping: bool = True) -> str:
-    """A YAML file's bytes as text that is safe to build (check_yaml_events); ConfigError naming the file: not
-    UTF-8, not YAML (where), an alias, nested too deeply, not a mapping (when `mapping`)."""
-    try:
-        text = data.decode("utf-8")
-        check_yaml_events(text, mapping)
-        return text
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML: {e.problem or e.context}{where}") from None
-    except (yaml.YAMLError, ConfigError) as e:
-        raise ConfigError(f"{path}: {one_line(str(e))}") from None
-
-
-YAML_DEPTH = 32  # ringexp's YAML files nest 3 levels; PyYAML's parser slows down quadratically with nesting
-
-
-def check_yaml_events(text: str, mapping: bool = True) -> None:
-    """ConfigError unless `text` is one YAML document (a mapping, when `mapping`), nested at most YAML_DEPTH deep,
-    without aliases (an alias repeats a whole subtree: a few lines of them nest into billions of nodes once
-    built). Read as a stream of parser events, stopped at the first problem: nothing is built."""
-    depth, i = 0, -1
-    for i, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
-        if isinstance(event, yaml.AliasEvent):
-            raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
-        if mapping and i == 2 and not isinstance(event, yaml.MappingStartEvent):  # (after stream, document start)
-            raise ConfigError("not a YAML mapping of keys to values")
-        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
-        if depth > YAML_DEPTH:
-            raise ConfigError(f"nested more than {YAML_DEPTH} deep, which no config is")
-    if mapping and i < 2:  # an empty file would silently stand for the defaults
-        raise ConfigError("not a YAML mapping of keys to values")
-
-
 def plain(cfg) -> dict:
     """A config dataclass as plain values (enums as their strings): for records, W&B and config.yaml."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
 
 
-def register() -> None:
-    # Only the root schemas: group options stay the YAML files, so Hydra's list of choices is clean.
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
-    ConfigStore.instance().store(name="plan_schema", node=PlanConfig)
+def register(name: str, schema) -> None:
+    """A program's root schema, for its conf/*.yaml defaults list. Only the root schemas: group options stay the
+    YAML files, so Hydra's list of choices is clean (each program registers its own: plan, bench, tune)."""
+    ConfigStore.instance().store(name=name, node=schema)
 
 
-register()
+register("train_schema", TrainConfig)

@@ -23,6 +23,7 @@ from ringexp import records
 
 VERDICTS = ("equivalent", "better", "worse", "not equivalent", "inconclusive")
 MAX_SEEDS = 100  # beyond this many seeds per side the inconclusive verdict says "more than"
+MARGIN = 0.02  # the equivalence margin in macro-AUROC (and macro-F1) by default: compare's, the planner's, the tune's
 RESAMPLES = 2000  # bootstrap resamples: the percentile interval's ends move by < 0.002 AUROC between seeds of it
 FILE = "quality.json"  # the verdicts' record: compare's seed groups write it (Report.write), the planner reads it
 SLACK = 1e-9  # a difference may lie this far past its interval's end: the mean of equal floats is off by an ulp
@@ -52,6 +53,12 @@ class Verdict:
 
     def record(self) -> dict:
         return asdict(self) | {"ci95": list(self.ci95), "ci90": list(self.ci90)}
+
+
+def margin_error(margin) -> str:
+    """Why `margin` cannot be an equivalence margin ('' when it can): one range for every program that takes one."""
+    ok = type(margin) in (int, float) and 0 <= margin < 1  # (NaN fails both)
+    return "" if ok else f"must be in [0, 1) (macro-AUROC), e.g. {MARGIN}"
 
 
 def decide(diff: float, ci95: tuple, ci90: tuple, margin: float) -> str:

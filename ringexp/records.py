@@ -31,8 +31,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from ringexp.errors import RunDirTaken
+from ringexp.errors import ConfigError, RunDirTaken, one_line
 
 METRICS, SUMMARY, BENCH, SCORES = "metrics.jsonl", "summary.json", "bench.json", "val_scores.pt"
 SMALL = 16 << 20  # the most a JSON or YAML file ringexp reads may hold (summaries, meta.json, configs: kilobytes)
@@ -359,3 +362,57 @@ def claim(run_dir) -> None:
         f.truncate(0)
         f.write(str(os.getpid()))
         f.flush()
+
+
+def load_yaml(schema, path, limit: int = SMALL, follow: bool = False, over=None):
+    """A YAML file (a run's config.yaml, a conf/cluster/ file) as the checked dataclass `schema`, merged over `over`
+    (a config of that schema; default: the schema's defaults), read as every file (read_bytes: regular, at most
+    `limit` bytes; `follow`: the user named it, so it may be a symlink). Anything wrong with it is a ConfigError
+    naming it (cannot be read, yaml_text's, a wrong key or type, a value out of range)."""
+    try:
+        data = read_bytes(path, limit, follow)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    text = yaml_text(path, data)
+    try:
+        node = OmegaConf.create(text)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema) if over is None else over, node))
+    except (yaml.YAMLError, OmegaConfBaseException, ConfigError) as e:
+        raise ConfigError(f"{path}: {one_line(str(e))}") from None
+
+
+def yaml_text(path, data: bytes, mapping: bool = True) -> str:
+    """A YAML file's bytes as text that is safe to build (check_yaml_events); ConfigError naming the file: not
+    UTF-8, not YAML (where), an alias, nested too deeply, not a mapping (when `mapping`)."""
+    try:
+        text = data.decode("utf-8")
+        check_yaml_events(text, mapping)
+        return text
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML: {e.problem or e.context}{where}") from None
+    except (yaml.YAMLError, ConfigError) as e:
+        raise ConfigError(f"{path}: {one_line(str(e))}") from None
+
+
+YAML_DEPTH = 32  # ringexp's YAML files nest 3 levels; PyYAML's parser slows down quadratically with nesting
+
+
+def check_yaml_events(text: str, mapping: bool = True) -> None:
+    """ConfigError unless `text` is one YAML document (a mapping, when `mapping`), nested at most YAML_DEPTH deep,
+    without aliases (an alias repeats a whole subtree: a few lines of them nest into billions of nodes once
+    built). Read as a stream of parser events, stopped at the first problem: nothing is built."""
+    depth, i = 0, -1
+    for i, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
+        if isinstance(event, yaml.AliasEvent):
+            raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
+        if mapping and i == 2 and not isinstance(event, yaml.MappingStartEvent):  # (after stream, document start)
+            raise ConfigError("not a YAML mapping of keys to values")
+        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+        if depth > YAML_DEPTH:
+            raise ConfigError(f"nested more than {YAML_DEPTH} deep, which no config is")
+    if mapping and i < 2:  # an empty file would silently stand for the defaults
+        raise ConfigError("not a YAML mapping of keys to values")

@@ -15,7 +15,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from ringexp import bench, records
 from ringexp import dist as rdist
-from ringexp.config import BenchConfig, Device
+from ringexp.bench.config import BenchConfig
+from ringexp.config import Device
 from ringexp.errors import ConfigError
 
 
@@ -127,7 +128,7 @@ def test_one_parser_reads_every_row_name_the_bench_writes():
     a name the bench would not run in words that say what to write instead."""
     from ringexp import comm, compress
     from ringexp.bench import row_specs
-    from ringexp.config import BenchConfig
+    from ringexp.bench.config import BenchConfig
 
     cfg = BenchConfig(algorithms=["builtin", "ring:256", "hierarchical", "hierarchical:leader", "naive"],
                       compressors=["none", "int8", "topk", "fp16:inter"], ratio=0.05)

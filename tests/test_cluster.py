@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TINY, read_summary
 
-from ringexp.config import ClusterConfig, load_yaml
+from ringexp.cluster import files as clusters
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc") and shutil.which("nsenter")),
@@ -148,7 +148,7 @@ def test_plan_calibrate_runs_unchanged_under_srun_one_rank_per_task(two_nodes, t
                         "ringexp.plan", "calibrate", "iters=2", "sizes=[4096,1048576]", f"out={out}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=slurm_env())
     assert r.returncode == 0, r.stderr[-3000:]
-    cl = load_yaml(ClusterConfig, out)
+    cl = clusters.read(out)
     assert (cl.nodes, cl.ranks_per_node, cl.link, cl.backend) == (2, 1, "none", "gloo")
     assert "not measured" not in cl.inter.source and cl.inter.beta_s_per_byte > 0
     assert cl.cpu_threads == max(1, (os.cpu_count() or 1) // 2)

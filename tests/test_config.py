@@ -7,7 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ringexp.config import CONF_DIR, BenchConfig, StrategyName, TrainConfig, plain
+from ringexp.bench.config import BenchConfig
+from ringexp.config import CONF_DIR, StrategyName, TrainConfig, plain
 from ringexp.errors import ConfigError
 from ringexp.validate import checked as validate
 from ringexp.validate import compose_config

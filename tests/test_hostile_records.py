@@ -18,8 +18,8 @@ import yaml
 from conftest import ROOT, plan_refusal, within
 
 from ringexp import bench, compare, metrics, quality, records
+from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
-from ringexp.plan import clusters
 from ringexp.plan.cli import main as plan_main
 
 PNG = b"\x89PNG\r\n\x1a\n"

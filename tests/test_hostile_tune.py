@@ -16,11 +16,11 @@ import pytest
 from conftest import ROOT, TINY, alive, descendants, error_line, refused
 
 from ringexp import conffiles, records
+from ringexp.cluster import files as clusters
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
-from ringexp.plan import clusters
 from ringexp.tune import cli, trials
-from ringexp.tune.loop import Tune, cluster_file
+from ringexp.tune.loop import Tune
 
 TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
 
@@ -167,7 +167,7 @@ def test_a_compute_json_that_is_no_measurement_is_measured_again(tmp_path, capsy
     else:
         path.write_text(kept)
     t = Tune(tune_config(out), TASK, out)
-    t.cluster = clusters.read(cluster_file("local_2x2_1gbit"))
+    t.cluster = clusters.read(clusters.path_of("local_2x2_1gbit"))
     got = t.measured_compute(build_model(t.base.model, t.base.data.num_labels))
     assert set(got) == {"forward_s", "backward_s", "optimizer_s"}
     assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in got.values()), got

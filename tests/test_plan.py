@@ -17,12 +17,14 @@ from conftest import ROOT, error_line, plan_refusal, workers
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import comm, compress, costmodel, parallel, quality, records
+from ringexp import comm, compress, parallel, predict, quality, records
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, ClusterConfig, CompressionConfig, LinkConfig, TrainConfig, load_yaml
+from ringexp.cluster import costmodel
+from ringexp.cluster import files as clusters
+from ringexp.cluster.schema import ClusterConfig, LinkConfig
+from ringexp.config import CONF_DIR, CompressionConfig, TrainConfig
 from ringexp.models import build_model
 from ringexp.parallel.ddp import bucket_shapes
-from ringexp.plan import predict
 from ringexp.plan.calibrate import CODECS
 from ringexp.plan.cli import main
 
@@ -131,7 +133,7 @@ def test_the_planner_s_bytes_are_the_ones_a_run_records_for_every_preset(monkeyp
     (Strategy.wire_bytes, built as a run builds it from its resolved config and its rank's environment)."""
     model = build_model(TrainConfig().model, TrainConfig().data.num_labels)
     shapes = [p.shape for p in model.parameters()]
-    cl = dataclasses.replace(load_yaml(ClusterConfig, Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml")),
+    cl = dataclasses.replace(clusters.read(clusters.path_of("local_2x2_1gbit")),
                              backend=backend, nodes=nodes, ranks_per_node=4 // nodes)
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(4 // nodes))
@@ -174,7 +176,7 @@ def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_com
     out = tmp_path / "mine.yaml"
     r = plan("calibrate", "nprocs=2", "iters=3", "sizes=[4096,262144,4194304]", f"out={out}")
     assert r.returncode == 0, r.stderr[-3000:]
-    cl = load_yaml(ClusterConfig, out)
+    cl = clusters.read(out)
     assert (cl.nodes, cl.ranks_per_node, cl.link) == (1, 2, "loopback")
     assert cl.intra.beta_s_per_byte > 0 and cl.intra.alpha_s >= 0 and cl.add_s_per_byte > 0
     assert set(cl.encode_s_per_byte) == set(CODECS) and all(v > 0 for v in cl.encode_s_per_byte.values())
@@ -238,7 +240,7 @@ def test_accuracy_sets_each_bench_row_beside_the_model_for_its_algorithm_and_com
                                       f"out={tmp_path / 'acc'}", "cluster=local_2x2_1gbit"])
     main()
     got = json.loads((tmp_path / "acc" / "accuracy.json").read_text())
-    cl = load_yaml(ClusterConfig, Path(CONF_DIR, "cluster", "local_2x2_1gbit.yaml"))
+    cl = clusters.read(clusters.path_of("local_2x2_1gbit"))
     n = 4 << 20
     two_level = comm.seconds("hierarchical", cl, n)
     assert got[0]["predicted_s"] == pytest.approx(two_level) and got[0]["error"] == pytest.approx(two_level / 0.05 - 1)
@@ -277,7 +279,7 @@ BAD = [
     (["predict", "+parallel=single"], "+parallel=single runs one rank"),
     (["predict", "presets=[ddp,nosuch]"], "presets: no preset nosuch"),
     (["predict", "quality=/nonexistent/q.json"], "quality=/nonexistent/q.json: no such file"),
-    (["predict", "quality_budget=-0.01"], "quality_budget=-0.01: must be in [0, 1]"),
+    (["predict", "quality_budget=-0.01"], "quality_budget=-0.01: must be in [0, 1)"),
     (["calibrate", "nprocs=1"], "nprocs=1: calibrate needs at least 2 ranks"),
     (["accuracy", "bench=[/nonexistent/bench.json]"], "bench=/nonexistent/bench.json: cannot read it"),
     (["guess"], "first argument must be calibrate, predict or accuracy"),

@@ -11,12 +11,14 @@ import torch
 import yaml
 from conftest import ROOT, plan_refusal
 
-from ringexp import comm, compress, costmodel, parallel
-from ringexp.comm import nccl
-from ringexp.config import ClusterConfig, CompressionConfig, LinkConfig
+from ringexp import comm, compress, parallel
+from ringexp.cluster import costmodel, nccl
+from ringexp.cluster import files as clusters
+from ringexp.cluster.schema import EFFICIENCY, ClusterConfig, LinkConfig
+from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.parallel.ddp import bucket_shapes
-from ringexp.plan import clusters, published
+from ringexp.plan import published
 from ringexp.plan.calibrate import fit
 from ringexp.plan.cli import main
 from ringexp.validate import compose_config
@@ -87,7 +89,7 @@ def test_gloo_keeps_its_own_ring_and_all_gather():
 
 def test_a_transport_below_line_rate_slows_every_byte_by_its_share():
     link = LinkConfig(0.0, 1e-9, transport="socket")
-    assert costmodel.hop(link, 1e6) == pytest.approx(1e-3 / costmodel.EFFICIENCY["socket"])
+    assert costmodel.hop(link, 1e6) == pytest.approx(1e-3 / EFFICIENCY["socket"])
     assert costmodel.hop(dataclasses.replace(link, efficiency=0.8), 1e6) == pytest.approx(1e-3 / 0.8)
     assert costmodel.hop(dataclasses.replace(link, transport="measured"), 1e6) == pytest.approx(1e-3)
     with pytest.raises(ConfigError, match="cluster.inter.transport=tcp"):

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from ringexp.config import CONF_DIR
 from ringexp.plan.cli import load
-from ringexp.plan.predict import preset_config
+from ringexp.predict import preset_config
 from ringexp.train import check_argv, prepare
 
 

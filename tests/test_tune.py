@@ -17,16 +17,15 @@ from conftest import ROOT, TINY
 from hydra import compose, initialize_config_dir
 
 from ringexp import conffiles, parallel
+from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
-from ringexp.plan import clusters
 from ringexp.tune import cli, space
-from ringexp.tune.loop import cluster_file
 from ringexp.tune.refit import refit, scaled
 from ringexp.validate import checked
 
 TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
-CLUSTER = clusters.read(cluster_file("local_2x2_25mbit"))
+CLUSTER = clusters.read(clusters.path_of("local_2x2_25mbit"))
 COMPUTE = {"forward_s": 0.02, "backward_s": 0.04, "optimizer_s": 0.002}
 
 
@@ -178,7 +177,7 @@ def refusal(args):
 @pytest.mark.parametrize("extra,says", [
     (["tune.budget_min=0.01"], "tune.budget_min=0.01: the baseline's run of 12 steps"),
     (["tune.presets=[ddp]", "tune.knobs=[]"], "the search space is empty"),
-    (["tune.quality_budget=-0.1"], "tune.quality_budget=-0.1: must be in [0, 1]"),
+    (["tune.quality_budget=-0.1"], "tune.quality_budget=-0.1: must be in [0, 1)"),
     (["tune.knobs=[parallel.bucket_mb=5]"], "unknown knob 'parallel.bucket_mb'"),
     (["tune.presets=[warp]"], "tune.presets: no preset warp"),
     (["tune.command=/nonexistent/launcher"], "cannot run '/nonexistent/launcher'"),

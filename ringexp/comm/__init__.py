@@ -25,8 +25,8 @@ A rank outside `group` returns its tensor untouched, as torch.distributed.all_re
 import torch
 import torch.distributed as dist
 
-from ringexp import costmodel
-from ringexp.comm import builtin, hierarchical, naive, nccl, ring
+from ringexp.cluster import costmodel
+from ringexp.comm import builtin, hierarchical, naive, ring
 from ringexp.comm.p2p import DEFAULT_TIMEOUT_S, global_ranks, one_line
 
 ALGORITHMS = {"ring": ring, "hierarchical": hierarchical, "naive": naive, "builtin": builtin}
@@ -167,8 +167,8 @@ def wire_bytes(algorithm: str, nbytes: int, world_size: int, **options) -> int:
 
 def seconds(algorithm: str, cl, nbytes: float, wire=None, **options) -> float:
     """Predicted seconds of one all-reduce of `nbytes` float32 bytes over every rank of cluster `cl` (a
-    ClusterConfig), each message in `wire` (a ringexp.costmodel.Wire: a compressor's format and codec costs; None:
-    float32): the algorithm's own formula (ringexp.costmodel's pieces), and the cluster's cost of one call."""
+    ClusterConfig), each message in `wire` (a ringexp.cluster.costmodel.Wire: a compressor's format and codec costs;
+    None: float32): the algorithm's own formula (the cost model's pieces), and the cluster's cost of one call."""
     return ALGORITHMS[algorithm].seconds(cl, nbytes, wire or costmodel.NONE, **options) + cl.call_s
 
 
@@ -190,4 +190,4 @@ def parse(name: str) -> tuple:
                      f"a variant ({', '.join(hierarchical.VARIANTS)})" if base == "hierarchical" else "no option"))
 
 
-__all__ = ["ALGORITHMS", "all_reduce", "bad_option", "nccl", "options_for", "parse", "seconds", "wire_bytes"]
+__all__ = ["ALGORITHMS", "all_reduce", "bad_option", "options_for", "parse", "seconds", "wire_bytes"]

@@ -2,8 +2,8 @@
 
 import torch.distributed as dist
 
-from ringexp import costmodel
-from ringexp.comm import nccl, ring
+from ringexp.cluster import costmodel, nccl
+from ringexp.comm import ring
 
 OPTIONS = ()  # all_reduce's options (ringexp.comm refuses others)
 
@@ -25,7 +25,7 @@ def wire_bytes(nbytes: int, world_size: int, **_options) -> int:
 
 def seconds(cl, nbytes: float, wire=costmodel.NONE, **_options) -> float:
     """gloo's all-reduce, as the cost model has it: a ring over every rank, as ringexp's is; NCCL's: the algorithm
-    and protocol NCCL would pick (ringexp.comm.nccl). (A compressor on builtin shrinks the payload it is given
+    and protocol NCCL would pick (ringexp.cluster.nccl). (A compressor on builtin shrinks the payload it is given
     before it gets here: ringexp.compress.seconds; no wire format reaches it.)"""
     if cl.backend == "nccl":
         return nccl.seconds(cl, "allreduce", nbytes)

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 
-from ringexp import costmodel
+from ringexp.cluster import costmodel
 from ringexp.comm import naive, ring
 from ringexp.comm.p2p import finish, global_ranks, members_of, work_copy
 
@@ -145,7 +145,7 @@ def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_lev
 def seconds(cl, nbytes: float, wire=costmodel.NONE, variant: str = "two_level", scope: str = "all",
             **_options) -> float:
     """Predicted time of one all-reduce of `nbytes` float32 bytes on cluster `cl` (its real nodes), `wire` between
-    nodes (and inside them too with scope=all). two_level [NCCL's and Horovod's; S in ringexp.costmodel]: a ring
+    nodes (and inside them too with scope=all). two_level [NCCL's and Horovod's; S in ringexp.cluster.costmodel]: a ring
     reduce-scatter inside the node (k ranks), k rings between nodes each on n/k bytes (together n bytes through
     each node's link), an all-gather inside. leader (seed article 000): gather to the node's first rank (k-1
     whole buffers in turn, each summed), a ring of the N leaders on n bytes, the result sent back in turn."""

@@ -9,7 +9,7 @@ The two halves, gather_sum and send_back, are also hierarchical's leader variant
 import torch
 import torch.distributed as dist
 
-from ringexp import costmodel
+from ringexp.cluster import costmodel
 from ringexp.comm.p2p import finish, global_rank, irecv, isend, members_of, wait, work_copy
 
 OPTIONS = ("timeout_s", "wire")  # all_reduce's options (ringexp.comm refuses others)

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ringexp import costmodel
+from ringexp.cluster import costmodel
 from ringexp.comm.buffers import scratch
 from ringexp.comm.p2p import exchange, finish, global_rank, irecv, isend, members_of, wait, work_copy
 
@@ -267,6 +267,6 @@ def segments(chunk_bytes: float) -> int:
 
 def seconds(cl, nbytes: float, wire=costmodel.NONE, **_options) -> float:
     """Predicted time of one all-reduce of `nbytes` float32 bytes over every rank of cluster `cl`: 2(p-1) steps of
-    one chunk, each paced by the slowest hop (ringexp.costmodel.ring_s), encoded as `wire` at every hop."""
+    one chunk, each paced by the slowest hop (ringexp.cluster.costmodel.ring_s), encoded as `wire` at every hop."""
     p = costmodel.ranks(cl)
     return costmodel.ring_s(cl, nbytes, p, lambda b: costmodel.slowest_hop(cl, b), wire, segments=segments(nbytes / p))

@@ -18,7 +18,7 @@ eval.targets macro-AUROC against the group holding the baseline row, and its qua
 (ringexp.quality: *equivalent*, *better*, *worse*, *not equivalent* or *inconclusive*, with the 95% interval of the
 difference; `--quality-budget`, 0.02, is the margin): over the seeds both share when they share two or more, else on
 the validation set from one run of each. The table goes into compare.md, its numbers into groups.csv and the
-verdicts into quality.json (what `ringexp.plan predict` reads); with `--wandb` each run's verdict goes into its W&B
+verdicts into quality.json (what the planner's `predict` reads); with `--wandb` each run's verdict goes into its W&B
 summary too.
 `--fastest CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with
 the highest mean throughput, for a shell script to use; it writes nothing.
@@ -36,20 +36,20 @@ import yaml
 from hydra.experimental.callback import Callback
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import backend, compress, parallel, records
+from ringexp import backend, predict, records
+from ringexp.cluster import files as clusters
 from ringexp.compare import groups as seeds
 from ringexp.compare.cells import aligned, fmt, is_text
-from ringexp.config import CONF_DIR, ClusterConfig, TrainConfig, load_yaml, yaml_text
+from ringexp.config import TrainConfig
 from ringexp.errors import ConfigError, print_error, print_warning
-from ringexp.models import build_model
 from ringexp.plotting import pyplot, save, short
+from ringexp.records import yaml_text
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
 GROUP_OUTPUTS = ("groups.csv", seeds.QUALITY_FILE)  # with seed groups
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "speed-up", "step ms", "compute ms", "exposed comm ms",
         "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]
 PREDICTED = ["predicted comm ms", "predicted step ms", "step error"]  # runs on a calibrated cluster only
-BACKWARD_SHARE = 2 / 3  # of forward + backward: backward costs twice forward (Kaplan et al. 2020, 6N = 2N + 4N)
 HYDRA_OVERRIDES = Path(".hydra", "overrides.yaml")
 YAML_LIMIT = 64 << 10  # the most a YAML file compare reads may hold: a run's hold a few kilobytes
 BIG = 1e300  # a number beyond it (or an integer too big for a float) would overflow the table's arithmetic
@@ -282,40 +282,27 @@ def backend_env(summary) -> str:
 
 
 def calibrations(given=()) -> dict:
-    """{(nodes, ranks per node, link): ClusterConfig} of the cluster files `given` (--cluster: ValueError if one
-    cannot be read) and the readable conf/cluster/ files, the given ones first: where runs may have run (a run
-    records the same three in its summary)."""
-    out = {}
-    for path in [*map(Path, given), *sorted(Path(CONF_DIR, "cluster").glob("*.yaml"))]:
-        try:
-            cl = load_yaml(ClusterConfig, path, records.read_bytes(path, YAML_LIMIT, follow=True))
-        except (OmegaConfBaseException, ConfigError, OSError) as e:
-            if str(path) in map(str, given):
-                raise ValueError(f"--cluster {path}: {getattr(e, 'strerror', None) or e}") from None
-            continue
-        out.setdefault((cl.nodes, cl.ranks_per_node, cl.link), cl)
-    return out
+    """The cluster files runs may have run on (ringexp.cluster.files.calibrations): --cluster files first, then
+    conf/cluster/; ValueError naming a --cluster file that cannot be read."""
+    try:
+        return clusters.calibrations(given)
+    except ConfigError as e:
+        raise ValueError(f"--cluster {e}") from None
 
 
-def predicted(run: dict, clusters: dict) -> dict:
-    """The cost model's communication and step time for a run whose cluster has a calibration, from its
-    config and its own measured compute (forward + backward split 1:2, optimizer, data and the rest): what
-    the model adds is the communication and how much of it backward hides."""
+def predicted(run: dict, known: dict) -> dict:
+    """The cost model's communication and step time for a run whose cluster has a calibration (ringexp.predict's
+    row, from the run's config and its own measured compute): what the model adds is the communication and how
+    much of it backward hides. A CPU cluster is this kind of machine: PowerSGD's arithmetic is measured here."""
     s, t = run["summary"], run["summary"].get("time", {})
-    cl = clusters.get((s.get("nodes"), s.get("ranks_per_node"), s.get("link")))
+    cl = clusters.matching(s.get("nodes"), s.get("ranks_per_node"), s.get("link"), known)
     cfg_file = Path(run["dir"]) / "config.yaml"
     if cl is None or not os.path.lexists(cfg_file) or t.get("compute_s") is None:
         return {}
     try:
-        cfg = load_yaml(TrainConfig, cfg_file, records.read_bytes(cfg_file, YAML_LIMIT))
-        shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters() if p.requires_grad]
-        fb = t["compute_s"] / cfg.accumulation.steps
-        compute = {"forward_s": (1 - BACKWARD_SHARE) * fb, "backward_s": BACKWARD_SHARE * fb,
-                   "optimizer_s": t.get("optimizer_s") or 0.0}
-        # a CPU cluster is this kind of machine: PowerSGD's arithmetic is measured here for the run's shapes
-        if cfg.compression.name == "powersgd" and cl.backend == "gloo":
-            cl = compress.powersgd.measured(cl, cfg.compression, shapes)
-        got = parallel.step_cost(cl, cfg, shapes, compute)
+        cfg = records.load_yaml(TrainConfig, cfg_file, YAML_LIMIT)
+        compute = predict.of_run(t["compute_s"], t.get("optimizer_s"), cfg.accumulation.steps)
+        got = predict.row("", cfg, cl, predict.gradient_shapes(cfg), compute, here=cl.backend == "gloo")
     except (OmegaConfBaseException, ConfigError, ValueError, OSError):
         return {}
     step = got["step_s"] + (t.get("data_s") or 0.0) + (t.get("other_s") or 0.0)
@@ -509,7 +496,8 @@ def main(argv=None) -> int:
     ap.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read runs from the W&B API instead")
     ap.add_argument("--group", help="with --wandb: the sweep's W&B group")
     ap.add_argument("--cluster", action="append", default=[], metavar="PATH",
-                    help="a cluster file (ringexp.plan calibrate's) besides conf/cluster/: runs on it get predictions")
+                    help="a cluster file (the planner's calibrate writes one) besides conf/cluster/: runs on it get "
+                    "predictions")
     ap.add_argument("--groups", action="store_const", const=True, help="seed groups (runs differing only in "
                     "seed=: one row each, with time to target and the quality verdict) even where every group has "
                     "one seed; without it they are shown where a group has several")

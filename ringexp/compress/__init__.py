@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ringexp import comm, costmodel
+from ringexp import comm
+from ringexp.cluster import costmodel, nccl
 from ringexp.compress import cast, feedback, int8, powersgd, randomk, sign, topk
 from ringexp.config import CompressionConfig
 from ringexp.timing import median_time
@@ -264,7 +265,7 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
         return n * (wire.encode + wire.decode) + comm.seconds(algorithm, cl, wire.ratio * n, **options)
     if cl.backend == "nccl" and algorithm == "builtin":  # NCCL's all-gather, as NCCL would run it
         p = costmodel.ranks(cl)
-        return comm.nccl.seconds(cl, "allgather", p * wire.ratio * n) + p * n * wire.decode + n * wire.encode + \
+        return nccl.seconds(cl, "allgather", p * wire.ratio * n) + p * n * wire.decode + n * wire.encode + \
             cl.call_s
     gather = costmodel.root_gather_s if algorithm == "naive" else costmodel.ring_gather_s
     return gather(cl, wire.ratio * n, n, wire) + cl.call_s

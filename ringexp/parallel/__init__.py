@@ -13,7 +13,7 @@ cluster model (`step_cost`): the run's bytes on the wire and ringexp.plan's pred
 
 import dataclasses
 
-from ringexp.comm import nccl
+from ringexp.cluster import nccl
 from ringexp.config import StrategyName
 from ringexp.parallel.base import Single, Strategy, World
 from ringexp.parallel.ddp import DDPStrategy

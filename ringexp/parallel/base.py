@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ringexp import costmodel, records
+from ringexp import records
+from ringexp.cluster import costmodel
 from ringexp.config import AmpMode
 from ringexp.errors import ConfigError
 

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import comm, compress, costmodel, timing
+from ringexp import comm, compress, timing
+from ringexp.cluster import costmodel
 from ringexp.compress import powersgd
 from ringexp.parallel import hooks
 from ringexp.parallel.base import Strategy

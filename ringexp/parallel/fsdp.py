@@ -28,8 +28,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from ringexp import costmodel, records
-from ringexp.comm import nccl, ring
+from ringexp import records
+from ringexp.cluster import costmodel, nccl
+from ringexp.comm import ring
 from ringexp.compress.cast import DTYPES
 from ringexp.config import AmpMode
 from ringexp.errors import CheckpointError, ConfigError, one_line
@@ -95,7 +96,7 @@ class FSDPStrategy(Strategy):
         "ZeRO", SC 2020], all exposed: the model leaves out FSDP's one-block prefetch."""
         p, numel = costmodel.ranks(cl), sum(s.numel() for s in shapes)
         param, reduce, gathers, scatter = moved(cfg, cl.backend)
-        if cl.backend == "nccl":  # NCCL's own all-gather and reduce-scatter (ringexp.comm.nccl)
+        if cl.backend == "nccl":  # NCCL's own all-gather and reduce-scatter (ringexp.cluster.nccl)
             gather = nccl.seconds(cl, "allgather", param * numel)
             comm_s = gathers * (gather + cl.call_s) + nccl.seconds(cl, "reducescatter", reduce * numel) + cl.call_s
             return costmodel.step(comm_s, comm_s, compute, cfg.accumulation.steps)

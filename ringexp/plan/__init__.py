@@ -1,5 +1,5 @@
 """`python -m ringexp.plan calibrate|predict|accuracy [KEY=VALUE ...]`: what each strategy and compressor will cost
-on a cluster before you rent it. The cluster is a few constants (conf/cluster/, ringexp.costmodel); every number
+on a cluster before you rent it. The cluster is a few constants (conf/cluster/, ringexp.cluster.costmodel); every number
 the planner predicts comes from the code that runs: each strategy's `step_cost` and `traffic` (ringexp.parallel),
 each compressor's and collective's `seconds` (ringexp.compress, ringexp.comm).
 

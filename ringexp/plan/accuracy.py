@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 
 from ringexp import compress, records
-from ringexp.config import CompressionConfig, PlanConfig
+from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.plan import published
+from ringexp.plan.config import PlanConfig
 from ringexp.plotting import pyplot, save, short
 
 # what `accuracy` reads of a bench.json row, and its type

@@ -18,11 +18,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ringexp import comm, compress
 from ringexp import dist as rdist
-from ringexp.config import ClusterConfig, CompressionConfig, LinkConfig, ModelConfig, PlanConfig
+from ringexp.cluster import files as clusters
+from ringexp.cluster.schema import ClusterConfig, LinkConfig
+from ringexp.config import CompressionConfig, ModelConfig
 from ringexp.errors import ConfigError
 from ringexp.launch import elastic, under_external_launcher
 from ringexp.models import build_model
-from ringexp.plan import clusters
+from ringexp.plan.config import PlanConfig
 from ringexp.timing import median_time
 
 CODECS = ("fp16", "bf16", "int8", "topk", "randomk", "sign", "powersgd")

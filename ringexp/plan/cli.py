@@ -4,7 +4,6 @@ other KEY=VALUE is a training override (predict's). cluster=PATH.yaml loads that
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_dir
@@ -12,10 +11,12 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp.config import CONF_DIR, PlanConfig
+from ringexp.cluster import files as clusters
+from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError, one_line, print_error
 from ringexp.launch import as_rank, refused_elsewhere
-from ringexp.plan import accuracy, calibrate, clusters, predict
+from ringexp.plan import accuracy, calibrate, predict
+from ringexp.plan.config import PlanConfig
 
 COMMANDS = {"calibrate": calibrate.calibrate, "predict": predict.predict, "accuracy": accuracy.accuracy}
 USAGE = "usage: python -m ringexp.plan calibrate|predict|accuracy [KEY=VALUE ...] (--help for the keys)"
@@ -32,7 +33,7 @@ def split(args: list) -> tuple:
         raise ConfigError(f"cluster={name}: no such cluster file; choose from {', '.join(clusters.names())} "
                           "(conf/cluster/), or give a YAML path")
     if name and not path:  # read here first, so that Hydra, which reads it again, reads a file that is sound
-        clusters.read(Path(CONF_DIR, "cluster", f"{name}.yaml"))
+        clusters.read(clusters.path_of(name))
     return [a for a in plan if not (path and a.startswith("cluster="))], [a for a in args if a not in plan], path
 
 

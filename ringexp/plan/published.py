@@ -28,10 +28,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import parallel, records
-from ringexp.config import NCCL_CHOICES, ClusterConfig, ModelConfig, nccl_list_error, yaml_text
+from ringexp.cluster.schema import ClusterConfig
+from ringexp.config import NCCL_CHOICES, ModelConfig, nccl_list_error
 from ringexp.errors import ConfigError, one_line
 from ringexp.models import build_model, check_model
 from ringexp.plotting import short
+from ringexp.records import yaml_text
 from ringexp.validate import compose_config
 
 CASE_KEYS = {"name": str, "source": str, "cluster": str, "batch": int, "compute": dict, "runs": list}

@@ -4,7 +4,7 @@
 import dataclasses
 from pathlib import Path
 
-from ringexp import costmodel
+from ringexp.cluster import costmodel
 from ringexp.plotting import pyplot, save, short
 
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)

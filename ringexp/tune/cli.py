@@ -13,11 +13,12 @@ from tqdm import tqdm
 
 from ringexp import conffiles, records, stop
 from ringexp import dist as rdist
-from ringexp.config import TuneConfig, plain
+from ringexp.config import plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
-from ringexp.plan.predict import measure_compute
+from ringexp.predict import measure_compute
 from ringexp.tune import diagnose, playbook, space
+from ringexp.tune.config import TuneConfig
 from ringexp.tune.loop import STARTUP_S, Tune
 
 USAGE = ("usage: python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...]\n"

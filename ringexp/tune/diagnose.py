@@ -2,7 +2,7 @@
 says to do. The articles' six: what a step must move against what the link carries, the backend variables in
 force, the overlap (under 60%: retune), accumulation, mixed precision, and a quality check for the candidates."""
 
-from ringexp import costmodel
+from ringexp.cluster import costmodel
 
 
 def checklist(summary: dict, cluster) -> list:

@@ -3,7 +3,7 @@ same command continues a tune killed at any point.
 
     diagnose   the user's configuration at full length, seed 0 (verification's first baseline run): the
                checklist's numbers, the planner's cluster, what a full-length run costs
-    predict    every candidate's predicted step (ringexp.plan), the shortlist in the planner's order
+    predict    every candidate's predicted step (ringexp.predict), the shortlist in the planner's order
     try        successive halving over the shortlist: short trials, the fastest 1/eta go on at eta x the steps,
                each trial only while the budget left still covers it and the verification after it
     verify     the fastest trials at full length over seeds against the baseline's, fastest first, judged by
@@ -14,21 +14,18 @@ same command continues a tune killed at any point.
 import dataclasses
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-from ringexp import compress, records
+from ringexp import compress, predict, records
+from ringexp.cluster import files as clusters
 from ringexp.compare import load_local
 from ringexp.compare.groups import QUALITY, judge, report, seed_groups
-from ringexp.config import CONF_DIR, CompressionConfig, PlanConfig
+from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError, one_line, print_warning
 from ringexp.models import build_model
-from ringexp.plan import clusters
-from ringexp.plan import predict as plan
 from ringexp.tune import space, trials
 from ringexp.tune.refit import refit
 from ringexp.validate import compose_config
@@ -129,7 +126,7 @@ class Tune:
             if (got := kept_compute(path)) is not None:
                 return got
         start = time.monotonic()
-        compute, _ = plan.compute_times(PlanConfig(cluster=self.cluster), self.base, model, self.cluster)
+        compute, _ = predict.compute_times(dict.fromkeys(COMPUTE), self.base, model, self.cluster)
         records.write_json(path, compute)
         self.log.add({"key": "predict", "phase": "predict", "status": "completed", "wall_s": time.monotonic() - start})
         return compute
@@ -146,13 +143,13 @@ class Tune:
         two equal configurations predict apart). Steps before the compressor's first compressed one (PowerSGD's
         start_step) are predicted uncompressed: a short trial of PowerSGD measures plain DDP."""
         cl, compute = cl or self.cluster, compute or self.compute
-        row = plan.row("", cfg, cl, self.shapes, compute, False)
+        row = predict.row("", cfg, cl, self.shapes, compute, False)
         first, last = window or (1, math.ceil(self.base.steps * self.base.accumulation.steps
                                               / cfg.accumulation.steps))
         start = compress.first_compressed_step(cfg.compression)
         if start <= first:
             return row
-        plain = plan.row("", dataclasses.replace(cfg, compression=CompressionConfig()), cl, self.shapes, compute,
+        plain = predict.row("", dataclasses.replace(cfg, compression=CompressionConfig()), cl, self.shapes, compute,
                          False)
         f = max(0, last - start + 1) / (last - first + 1)
         step = f * row["step_s"] + (1 - f) * plain["step_s"]
@@ -168,19 +165,16 @@ class Tune:
     def find_cluster(self, summary: dict):
         """tune.cluster, else the conf/cluster file of this job's shape and link, else one calibrated here."""
         if self.tc.cluster:
-            name = self.tc.cluster
-            return clusters.read(name if name.endswith((".yaml", ".yml")) else cluster_file(name))
-        for name in clusters.names():
-            cl = clusters.read(cluster_file(name))
-            if (cl.nodes, cl.ranks_per_node, cl.link) == (summary["nodes"], summary["ranks_per_node"],
-                                                           summary["link"]):
-                return cl
+            return clusters.read(clusters.path_of(self.tc.cluster))
+        found = clusters.matching(summary["nodes"], summary["ranks_per_node"], summary["link"])
+        if found is not None:
+            return found
         path = self.out / "calibrated.yaml"
         if trials.multirun(self.base_overrides) or self.tc.command:
             raise ConfigError(f"no conf/cluster file is of this job's shape ({summary['nodes']} x "
                               f"{summary['ranks_per_node']}, link {summary['link']}); calibrate it on the job "
-                              "(python -m ringexp.plan calibrate, docs/plan.md) and give tune.cluster=PATH.yaml")
-        self.timed("calibrate", "predict", lambda: calibrate(path, summary["ranks_per_node"]))
+                              "(the planner's calibrate, docs/plan.md) and give tune.cluster=PATH.yaml")
+        self.timed("calibrate", "predict", lambda: predict.calibrate_here(path, summary["ranks_per_node"]))
         return clusters.read(path)
 
     # -- try: successive halving --------------------------------------------------------------------------------
@@ -348,19 +342,6 @@ def stale(path: Path, why: str) -> None:
     return None
 
 
-def cluster_file(name: str) -> Path:
-    return Path(CONF_DIR, "cluster", f"{name}.yaml")
-
-
 def slug(name: str) -> str:
     """A candidate's name as a directory name."""
     return "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in name).strip("-")
-
-
-def calibrate(path: Path, ranks: int) -> None:
-    """The planner's calibration on local workers, into `path`."""
-    got = subprocess.run([sys.executable, "-m", "ringexp.plan", "calibrate", f"nprocs={max(2, ranks)}",
-                          f"out={path}"], capture_output=True, text=True)
-    if got.returncode != 0:
-        said = (got.stderr or got.stdout).strip().splitlines() or ["no output"]
-        raise ConfigError(f"calibrating this machine failed: {said[-1]}")

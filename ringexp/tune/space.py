@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ringexp.config import TrainConfig, plain
 from ringexp.errors import ConfigError, one_line
-from ringexp.plan.predict import preset_config, presets
+from ringexp.predict import preset_config, presets
 
 # The knobs the tune varies, and what each one is. The planner answers whether a knob changes a preset (its
 # predicted step moves); for what it does not model, UNMODELLED says which configs read the knob.

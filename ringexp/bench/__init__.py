@@ -31,9 +31,10 @@ from omegaconf import OmegaConf
 
 from ringexp import comm, compress, records
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, BenchConfig, CompressionConfig, Device, plain
+from ringexp.bench.config import BenchConfig
+from ringexp.config import CONF_DIR, CompressionConfig, Device, plain
 from ringexp.errors import ConfigError, print_error
-from ringexp.launch import as_rank, elastic, under_external_launcher, worker_failure
+from ringexp.launch import elastic, under_external_launcher, worker_failure
 from ringexp.sinks.wandb import WandbSink
 from ringexp.timing import median_time
 from ringexp.validate import check_gpus, resolve_device
@@ -337,7 +338,3 @@ def other_rank() -> None:
         message, code = worker_failure(e)
         print_error(message)
         sys.exit(code)
-
-
-if __name__ == "__main__":
-    as_rank(main, other_rank)

@@ -1,5 +1,6 @@
-"""The arithmetic behind `python -m ringexp.plan`: what a message, a ring and an overlapped step cost on a cluster
-described by a few constants (a ClusterConfig, conf/cluster/). Pure arithmetic, below every module that uses it:
+"""The arithmetic behind every prediction: what a message, a ring and an overlapped step cost on a cluster described
+by a few constants (a ClusterConfig, ringexp.cluster.schema; conf/cluster/). Pure arithmetic, below every module
+that uses it:
 each collective answers for its own cost with these pieces (`seconds` in ringexp/comm/*.py), each compressor for
 its wire format and codec (ringexp.compress.seconds), each strategy for its step (`step_cost` in
 ringexp/parallel/*.py); the planner only asks them.
@@ -26,6 +27,8 @@ al. 2024) and ASTRA-sim in its simplest form: compute is not slowed by communica
 
 from dataclasses import dataclass
 
+from ringexp.cluster.schema import EFFICIENCY
+
 
 @dataclass(frozen=True)
 class Wire:
@@ -42,16 +45,6 @@ def ranks(cl) -> int:
     return cl.nodes * cl.ranks_per_node
 
 
-# The share of line rate each transport reaches, as NCCL's large-message bus bandwidth against the datasheet's
-# one-way figure (a cluster level's `transport`, unless it gives its own `efficiency`; docs/plan.md):
-# - nvlink 0.80: A100 ~230 of 300 GB/s (NVIDIA/nccl-tests#149, NVIDIA's reply), H100 370 of 450 (nccl-tests#212);
-# - pcie 0.44: 8 GPUs on PCIe 5.0, 28 of 64 GB/s (NVIDIA/nccl#1639; PCIe systems are bound by CPU and memory);
-# - rdma 0.94: DGX-1 rings, 47 of 50 GB/s on 4 x 100 Gb InfiniBand (NVIDIA/nccl#307, NVIDIA's reply; one EDR NIC:
-#   12.2 of 12.5, nccl-tests#29);
-# - socket 0.5: NCCL over TCP at 100 Gbit/s, 4-6 of 12.5 GB/s (NVIDIA/nccl#450); 25 Gbit/s, 1.7 of 3.1
-#   (nccl-tests#83); with 8 rings at 32 Gbit/s it reached 0.94 (nccl#209): sockets vary most;
-# - measured 1.0: a level whose beta calibrate measured already has it.
-EFFICIENCY = {"measured": 1.0, "nvlink": 0.80, "pcie": 0.44, "rdma": 0.94, "socket": 0.50}
 
 
 def efficiency(link) -> float:

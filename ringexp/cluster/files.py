@@ -1,5 +1,6 @@
-"""Cluster files (conf/cluster/*.yaml): the ones there are, one read and checked, one written from calibrate's
-measurements."""
+"""Cluster files (conf/cluster/*.yaml): the ones there are, one read and checked, the one a job ran on (matched on
+what its summary records: nodes, ranks per node, link; for compare's predicted columns and the tune), one written
+from calibrate's measurements."""
 
 import hashlib
 import re
@@ -10,9 +11,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ringexp import records
-from ringexp.config import CONF_DIR, ClusterConfig, bytes_per_s, load_yaml
+from ringexp.cluster.schema import ClusterConfig, bytes_per_s
+from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError
 
+DIR = Path(CONF_DIR, "cluster")  # the shipped and calibrated cluster files
 LIMIT = 1 << 20  # the most a cluster file may hold (they take 2 KB)
 NAME_BYTES = 80  # the most of a name that names a file or directory (a file system takes 255 bytes)
 
@@ -31,7 +34,12 @@ def file_name(text: str) -> str:
 
 
 def names() -> list:
-    return sorted(p.stem for p in Path(CONF_DIR, "cluster").glob("*.yaml"))
+    return sorted(p.stem for p in DIR.glob("*.yaml"))
+
+
+def path_of(name: str) -> Path:
+    """The file of a cluster given by name (conf/cluster/NAME.yaml) or by path (NAME.yaml)."""
+    return Path(name) if name.endswith((".yaml", ".yml")) else DIR / f"{name}.yaml"
 
 
 def read(path, over=None):
@@ -39,11 +47,32 @@ def read(path, over=None):
     most LIMIT bytes (a FIFO or a device is refused, not waited on), UTF-8 YAML, every number finite and in its
     range; ConfigError naming the file otherwise."""
     try:
-        data = records.read_bytes(path, LIMIT, follow=True)
-    except OSError as e:
-        raise ConfigError(f"cluster={path}: cannot read it ({e.strerror or e}); give a conf/cluster/ YAML file"
-                          ) from None
-    return load_yaml(ClusterConfig, path, data, over)
+        return records.load_yaml(ClusterConfig, path, LIMIT, follow=True, over=over)
+    except ConfigError as e:
+        if not str(e).startswith(f"{path}: cannot read it"):
+            raise
+        raise ConfigError(f"cluster={e}; give a conf/cluster/ YAML file") from None
+
+
+def calibrations(given=()) -> dict:
+    """{(nodes, ranks per node, link): ClusterConfig} of the cluster files `given` (ConfigError if one cannot be
+    read) and the readable conf/cluster/ files, the given ones first: where jobs may have run (a run records the
+    same three in its summary)."""
+    out = {}
+    for path in [*map(Path, given), *(path_of(n) for n in names())]:
+        try:
+            cl = read(path)
+        except ConfigError:
+            if str(path) in map(str, given):
+                raise
+            continue
+        out.setdefault((cl.nodes, cl.ranks_per_node, cl.link), cl)
+    return out
+
+
+def matching(nodes: int, ranks_per_node: int, link: str, known: dict | None = None):
+    """The cluster file of a job of this shape and link (`known`: calibrations() already read), or None."""
+    return (calibrations() if known is None else known).get((nodes, ranks_per_node, link))
 
 
 def commit() -> str:
@@ -91,7 +120,7 @@ def from_measurements(m: dict, out: str | None, label: str | None, line_rate: st
 def write(m: dict, out: str | None, label: str | None, line_rate: str | None = None) -> None:
     """The cluster file of calibrate's measurements, into `out` or conf/cluster/, and what was measured."""
     name, text = from_measurements(m, out, label, line_rate)
-    path = Path(out or Path(CONF_DIR, "cluster", f"{name}.yaml"))
+    path = Path(out) if out else path_of(name)
     path.parent.mkdir(parents=True, exist_ok=True)  # out='s (the user's) or conf/cluster/
     records.write_file(path, text)  # never through a symlink at its name
     for level in ("intra", "inter"):

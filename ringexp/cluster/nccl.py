@@ -16,10 +16,10 @@ import contextvars
 import math
 from collections import Counter
 
-from ringexp import costmodel
+from ringexp.cluster import costmodel
+from ringexp.config import NCCL_CHOICES
 
-ALGOS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
-PROTOS = ("ll", "ll128", "simple")
+ALGOS, PROTOS = NCCL_CHOICES["NCCL_ALGO"], NCCL_CHOICES["NCCL_PROTO"]  # NCCL's names (what NCCL_ALGO/PROTO take)
 COLLS = ("allreduce", "allgather", "reducescatter")
 
 BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}  # us, by protocol (tuning.cc:56-59); others 0

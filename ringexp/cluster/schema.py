@@ -1,0 +1,103 @@
+"""What a cluster is (conf/cluster/*.yaml): its shape, its two levels of network and the compute-side constants the
+cost model reads (ringexp.cluster.costmodel), each checked against both ends of its range."""
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from ringexp.config import nccl_list_error, need
+
+# The share of line rate each transport reaches, as NCCL's large-message bus bandwidth against the datasheet's
+# one-way figure (a cluster level's `transport`, unless it gives its own `efficiency`; docs/plan.md):
+# - nvlink 0.80: A100 ~230 of 300 GB/s (NVIDIA/nccl-tests#149, NVIDIA's reply), H100 370 of 450 (nccl-tests#212);
+# - pcie 0.44: 8 GPUs on PCIe 5.0, 28 of 64 GB/s (NVIDIA/nccl#1639; PCIe systems are bound by CPU and memory);
+# - rdma 0.94: DGX-1 rings, 47 of 50 GB/s on 4 x 100 Gb InfiniBand (NVIDIA/nccl#307, NVIDIA's reply; one EDR NIC:
+#   12.2 of 12.5, nccl-tests#29);
+# - socket 0.5: NCCL over TCP at 100 Gbit/s, 4-6 of 12.5 GB/s (NVIDIA/nccl#450); 25 Gbit/s, 1.7 of 3.1
+#   (nccl-tests#83); with 8 rings at 32 Gbit/s it reached 0.94 (nccl#209): sockets vary most;
+# - measured 1.0: a level whose beta calibrate measured already has it.
+EFFICIENCY = {"measured": 1.0, "nvlink": 0.80, "pcie": 0.44, "rdma": 0.94, "socket": 0.50}
+# How a level's bytes travel (a cluster file's `transport`): each has its documented share of line rate above;
+# "measured" is a level whose beta calibrate measured, so it already includes it.
+TRANSPORTS = tuple(EFFICIENCY)
+GPU_ARCHS = ("volta", "ampere", "hopper")  # NCCL's low-latency protocols' bandwidth caps differ by generation
+
+
+def bytes_per_s(rate: str) -> float | None:
+    """A tc-style rate ('25mbit', '1gbit', '12.5mbps': bytes) in bytes per second; None if it is not one."""
+    got = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)(bit|bps)", rate.strip().lower())
+    if not got:
+        return None
+    n = float(got[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[got[2]]
+    return n / 8 if got[3] == "bit" else n
+
+
+@dataclass
+class LinkConfig:
+    """One level of a cluster's network: a message of n bytes takes alpha_s + n * beta_s_per_byte / efficiency."""
+    alpha_s: float = 0.0  # latency per message, seconds
+    beta_s_per_byte: float = 1e-9  # seconds per byte at line rate: 1 / bandwidth (inter: of a node's whole link)
+    source: str = ""  # where the two numbers come from
+    transport: str = "measured"  # one of TRANSPORTS
+    efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the transport's default)
+
+
+@dataclass
+class ClusterConfig:
+    """A cluster for `python -m ringexp.plan` (conf/cluster/): its shape, links, and compute-side costs."""
+    name: str = "local"
+    nodes: int = 1
+    ranks_per_node: int = 2  # the most ranks a node takes (GPUs per node)
+    link: str = "loopback"  # the link label runs on this cluster record; compare matches runs to it
+    backend: str = "nccl"  # nccl or gloo: gloo has no reduce-scatter (FSDP's is a full all-reduce there)
+    intra: LinkConfig = field(default_factory=LinkConfig)
+    inter: LinkConfig = field(default_factory=LinkConfig)
+    add_s_per_byte: float = 0.0  # summing a received float32 buffer into one's own
+    encode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte, by compressor
+    decode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte (decode and add)
+    compute_slowdown: float = 1.0  # a rank's compute with every rank computing at once / alone (shared CPU cores)
+    cpu_threads: int = 0  # a CPU rank's intra-op threads when calibrated (0: cores here / ranks per node)
+    call_s: float = 0.0  # per collective call beyond its alpha-beta time: launch and dispatch (calibrate measures)
+    bucket_s: float = 0.0  # per DDP bucket, on the training thread: the reducer's hook, copies and launch
+    gpu_arch: str = "hopper"  # nccl: the GPU generation, for NCCL's low-latency protocols' caps (GPU_ARCHS)
+    nvls: bool = False  # nccl: NVLink SHARP (NVSwitch multicast, H100 with NVLink 4 switches) is there
+    collnet: bool = False  # nccl: in-network reduction (SHARP on InfiniBand switches) is there
+    nccl_algo: str = ""  # nccl: NCCL_ALGO as the cluster's NCCL has it ("": NCCL's choice; a run's backend.env wins)
+    nccl_proto: str = ""  # nccl: NCCL_PROTO likewise
+    source: str = ""
+
+    def __post_init__(self):
+        # Every number against both ends of its range: NaN fails every comparison (where min() over a list holding
+        # one may skip it), and an infinite or absurd constant only comes back as a prediction of 0 samples/s
+        # (a division by zero) or a codec ranked fastest.
+        need(self.backend in ("nccl", "gloo"), "cluster.backend", self.backend, "choose nccl or gloo")
+        need(bool(self.name) and self.name not in (".", "..") and not set(self.name) & set("/\\\0"), "cluster.name",
+             repr(self.name), "must be a plain name (it names the directory outputs/plan/<name>/): no slashes")
+        need(1 <= self.nodes <= 1 << 20 and 1 <= self.ranks_per_node <= 1 << 20, "cluster.nodes, ranks_per_node",
+             f"{self.nodes}, {self.ranks_per_node}", "must be in [1, 1048576]")
+        for level in ("intra", "inter"):
+            link = getattr(self, level)
+            need(0 < link.beta_s_per_byte <= 1, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
+                 "must be > 0 and at most 1 second per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
+            need(0 <= link.alpha_s <= 60, f"cluster.{level}.alpha_s", link.alpha_s,
+                 "must be >= 0 and at most 60 seconds")
+            need(link.transport in TRANSPORTS, f"cluster.{level}.transport", link.transport,
+                 f"choose one of {', '.join(TRANSPORTS)}")
+            need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
+                 "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
+        costs = {"add_s_per_byte": self.add_s_per_byte} | {
+            f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
+            for name, v in getattr(self, f"{kind}_s_per_byte").items()}
+        for key, v in costs.items():
+            need(0 <= v <= 1, f"cluster.{key}", v, "must be >= 0 and at most 1 second per float32 byte")
+        need(0 < self.compute_slowdown <= 1000, "cluster.compute_slowdown", self.compute_slowdown,
+             "must be > 0 and at most 1000")
+        need(0 <= self.cpu_threads <= 4096, "cluster.cpu_threads", self.cpu_threads,
+             "must be in [0, 4096] (0: cores / ranks)")
+        for key in ("call_s", "bucket_s"):
+            need(0 <= getattr(self, key) <= 60, f"cluster.{key}", getattr(self, key), "must be >= 0 and at most 60 s")
+        need(self.gpu_arch in GPU_ARCHS, "cluster.gpu_arch", self.gpu_arch, f"choose one of {', '.join(GPU_ARCHS)}")
+        for key in ("NCCL_ALGO", "NCCL_PROTO"):
+            value = getattr(self, key.lower())
+            need(not value or not nccl_list_error(key, value), f"cluster.{key.lower()}", value,
+                 nccl_list_error(key, value) if value else "")

@@ -1,0 +1,55 @@
+"""The planner's own keys (PlanConfig, conf/plan.yaml's root): everything `python -m ringexp.plan` takes besides
+training overrides."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ringexp import quality
+from ringexp.cluster.schema import ClusterConfig, bytes_per_s
+from ringexp.config import need, register
+
+
+@dataclass
+class PlanConfig:
+    """`python -m ringexp.plan calibrate|predict|accuracy` (conf/plan.yaml): see ringexp/plan/."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    nodes: Optional[int] = None  # predict: nodes to use (null: the cluster's)
+    ranks_per_node: Optional[int] = None  # predict: ranks per node (null: the cluster's; at most that)
+    forward_s: Optional[float] = None  # predict: one rank's forward, backward and optimizer step, seconds
+    backward_s: Optional[float] = None  # (null: measured here, on one rank, times cluster.compute_slowdown)
+    optimizer_s: Optional[float] = None
+    presets: List[str] = field(default_factory=list)  # predict: conf/parallel presets (empty: all but single)
+    plot_presets: List[str] = field(default_factory=lambda: ["ddp", "hierarchical", "hierarchical_int8", "ring_fp16",
+                                                             "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
+    quality_budget: float = quality.MARGIN  # predict: the equivalence margin a recommended preset must meet
+    # predict: the quality verdicts' record (compare's quality.json) whose paired differences judge each preset;
+    # null: the slow-link story's, docs/results/cluster-story-quality.json
+    quality: Optional[str] = None
+    out: Optional[str] = None  # predict: where plan.md/json/png go; calibrate: the cluster file to write
+    nprocs: int = 2  # calibrate: local workers (under torchrun or Slurm: the job's own ranks)
+    sizes: List[int] = field(default_factory=lambda: [1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26])
+    iters: int = 5  # calibrate: timed rounds per size (the median is kept)
+    label: Optional[str] = None  # calibrate: the cluster's link label (null: the job's, as runs record it)
+    bench: List[str] = field(default_factory=list)  # accuracy: bench.json files whose rows to predict
+    cases: List[str] = field(default_factory=list)  # accuracy: published-cases YAML files (ringexp/plan/published.yaml)
+    line_rate: Optional[str] = None  # calibrate: the inter-node link's line rate (tc's units: 25mbit, 100gbit), so
+    # that the file keeps it as beta and what the transport reaches of it as efficiency (null: the label's, if a rate)
+
+    def __post_init__(self):
+        need(self.nodes is None or self.nodes >= 1, "nodes", self.nodes, "must be >= 1")
+        need(self.ranks_per_node is None or 1 <= self.ranks_per_node <= self.cluster.ranks_per_node,
+             "ranks_per_node", self.ranks_per_node,
+             f"cluster {self.cluster.name} has {self.cluster.ranks_per_node} per node")
+        for key in ("forward_s", "backward_s", "optimizer_s"):  # (NaN fails both comparisons)
+            need(getattr(self, key) is None or 0 <= getattr(self, key) <= 86400, key, getattr(self, key),
+                 "must be >= 0 s and at most a day (86400)")
+        need(not quality.margin_error(self.quality_budget), "quality_budget", self.quality_budget,
+             quality.margin_error(self.quality_budget))
+        need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
+             "give a rate as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
+        need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
+        need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",
+             "need >= 1 round and sizes >= 4 bytes")
+
+
+register("plan_schema", PlanConfig)

@@ -1,0 +1,45 @@
+"""The tune's own keys (TuneConfig): every `tune.KEY=VALUE` of `python -m ringexp.tune`."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from ringexp import quality
+from ringexp.config import need
+
+
+@dataclass
+class TuneConfig:
+    """`python -m ringexp.tune`'s own keys, given as tune.KEY=VALUE (docs/tune.md); every other KEY=VALUE is a
+    training override, the baseline every candidate changes."""
+    budget_min: float = 10.0  # machine minutes for the whole tune: baseline, trials and verification
+    quality_budget: float = quality.MARGIN  # the equivalence margin a chosen candidate must meet
+    presets: List[str] = field(default_factory=list)  # conf/parallel presets to search (empty: every multi-rank one)
+    # each "KEY=V1,V2": values tried one knob at a time on every preset the knob changes (ringexp/tune/space.py)
+    knobs: List[str] = field(default_factory=lambda: ["accumulation.steps=2,4", "parallel.bucket_cap_mb=5,100",
+                                                      "compression.rank=2", "compression.start_step=10",
+                                                      "compression.ratio=0.05"])
+    search: str = "planner"  # planner: the planner's ranking and pruning; random: shuffled, nothing pruned
+    prune: float = 0.1  # leave out candidates predicted this much slower than the baseline (planner search)
+    trial_steps: int = 30  # the first rung's trial length; each halving rung runs `eta` times longer
+    eta: int = 2  # successive halving: the fastest 1/eta of a rung go on to the next
+    rungs: int = 2  # halving rungs (1: one short trial each)
+    verify: int = 3  # the most candidates verified at full length over seeds, fastest first
+    seeds: int = 3  # seeds per side in verification (paired verdict from 2; 3 or more to decide one)
+    trial_timeout_s: float = 1800.0  # a trial running longer is stopped and recorded as timed out
+    command: str = ""  # the training command a trial runs (empty: this Python's -m ringexp.train)
+    cluster: Optional[str] = None  # the planner's cluster (name or YAML; null: one matching the job, else calibrated)
+    out: Optional[str] = None  # the tune's directory (null: outputs/tune/<time>); the same again continues it
+    seed: int = 0  # the random search's order
+
+    def __post_init__(self):
+        need(0 < self.budget_min <= 7 * 24 * 60, "tune.budget_min", self.budget_min, "must be > 0 and at most a week")
+        need(not quality.margin_error(self.quality_budget), "tune.quality_budget", self.quality_budget,
+             quality.margin_error(self.quality_budget))
+        need(self.search in ("planner", "random"), "tune.search", self.search, "choose planner or random")
+        need(0 <= self.prune <= 10, "tune.prune", self.prune, "must be in [0, 10] (a fraction of the baseline's step)")
+        need(self.trial_steps >= 1, "tune.trial_steps", self.trial_steps, "must be >= 1")
+        need(self.eta >= 2 and self.rungs >= 1, "tune.eta, rungs", f"{self.eta}, {self.rungs}",
+             "need eta >= 2 and at least 1 rung")
+        need(self.verify >= 1 and self.seeds >= 1, "tune.verify, seeds", f"{self.verify}, {self.seeds}",
+             "need at least 1 candidate and 1 seed")
+        need(self.trial_timeout_s > 0, "tune.trial_timeout_s", self.trial_timeout_s, "must be > 0 seconds")
