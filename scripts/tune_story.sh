@@ -7,7 +7,7 @@
 #   ddp + accumulation x4) are its first part; this makes the rest in outputs/tune-story/exhaustive (about 40 min).
 # planner, random: the tune with the planner's order and pruning, and with a shuffled order and none, at the same
 #   budget, into outputs/tune-story/{planner,random} (each about 25 min).
-# Then scripts/tune_story_report.py writes outputs/tune-story/report.md (docs/results/tune-story.md).
+# Then python -m ringexp.tune.story writes outputs/tune-story/report.md (docs/results/tune-story.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh" >/dev/null
@@ -49,4 +49,4 @@ for search in planner random; do
     "tune.knobs=[$knobs]" "tune.budget_min=$more" tune.search=$search tune.seeds=3 tune.verify=6 \
     tune.trial_steps=20 tune.rungs=1 "tune.out=$out/$search"
 done
-python "$root/scripts/tune_story_report.py" "$out"
+python -m ringexp.tune.story "$out" "$root/outputs/cluster-story"

@@ -20,6 +20,7 @@ from ringexp.cluster import files as clusters
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.tune import cli, trials
+from ringexp.tune.config import TuneConfig
 from ringexp.tune.loop import Tune
 
 TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
@@ -151,9 +152,8 @@ def test_trials_jsonl_lines_of_the_wrong_shape_are_named_and_skipped(tmp_path, c
     assert "is not this tune's trial" in err and "wall_s is 'x'" in err
 
 
-def tune_config(out, *extra):
-    tc, _ = cli.parse([*TASK, "tune.trial_steps=8", f"tune.out={out}", *extra])
-    return tc
+def tune_config(out):
+    return TuneConfig(trial_steps=8, out=str(out))
 
 
 @pytest.mark.parametrize("kept", ['"fast"', '{"forward_s": NaN, "backward_s": 0.1, "optimizer_s": 0.0}',

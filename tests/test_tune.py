@@ -183,7 +183,6 @@ def refusal(args):
     (["tune.command=/nonexistent/launcher"], "cannot run '/nonexistent/launcher'"),
     (["hydra/launcher=slurm", "tune.command=echo"], "the launcher cannot reach the cluster"),
     (["tune.trial_steps=3"], "tune.trial_steps=3"),
-    (["tune.colour=red"], "tune.colour"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, extra, says):
     out = tmp_path / "tune"
@@ -194,6 +193,32 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, extra, says)
         code, err = refusal([*TASK, *extra, f"tune.out={out}"])
     assert code == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_a_misspelt_tune_key_is_hydras_own_message_and_nothing_is_written(tmp_path):
+    out = tmp_path / "tune"
+    code, err = refusal([*TASK, "tune.colour=red", f"tune.out={out}"])
+    assert code == 1 and "Could not override 'tune.colour'" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_help_and_cfg_job_are_hydras_and_the_run_dir_is_the_tunes(tmp_path, capsys):
+    """--help and --cfg job behave as in ringexp.train (Hydra's own, over conf/tune.yaml); hydra.run.dir is the
+    tune's directory (it was once ignored, and the tune wrote under outputs/tune/), and it and tune.out naming two
+    directories is one line."""
+    assert cli.main(["--help"]) == 0
+    said = capsys.readouterr().out
+    assert "python -m ringexp.tune [training overrides]" in said and "budget_min: 10.0" in said, said
+    assert "parallel: ddp," in said  # the training groups a baseline may choose from
+    assert cli.main([*TASK, "tune.budget_min=3", "--cfg", "job"]) == 0
+    assert "budget_min: 3.0" in capsys.readouterr().out
+    out = tmp_path / "tune"
+    code, err = refusal([*TASK, "tune.presets=[ddp]", "tune.knobs=[]", f"hydra.run.dir={out}"])
+    assert code == 2 and "the search space is empty" in err and not out.exists(), err  # refused: taken away again
+    code, err = refusal([*TASK, f"hydra.run.dir={out}", f"tune.out={tmp_path / 'other'}"])
+    assert code == 2 and "name two directories" in err and err.count("\n") == 1, err
+    code, err = refusal(["-m", *TASK, f"tune.out={out}"])
+    assert code == 2 and "drop -m" in err, err
 
 
 def test_a_directory_of_another_tune_or_of_anything_else_is_refused(tmp_path):

@@ -1,46 +1,77 @@
-"""`python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...]`: the tune's command line, its checks before
-anything is written, and the run of its phases (ringexp.tune.loop) into one directory."""
+"""`python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...]`: Hydra's app over the tune's own keys
+(conf/tune.yaml: tune.*, hydra.run.dir, --help, --cfg), the checks made before anything is written, and the run of
+its phases (ringexp.tune.loop) into one directory. Every other KEY=VALUE is a training override."""
 
-import datetime
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from ringexp import conffiles, records, stop
+from ringexp import conffiles, records, rundir, stop
 from ringexp import dist as rdist
-from ringexp.config import plain
+from ringexp.config import CONF_DIR, plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
 from ringexp.predict import measure_compute
-from ringexp.tune import diagnose, playbook, space
-from ringexp.tune.config import TuneConfig
-from ringexp.tune.loop import STARTUP_S, Tune
+from ringexp.tune import diagnose, playbook, space, verify
+from ringexp.tune.budget import STARTUP_S
+from ringexp.tune.config import TuneApp
+from ringexp.tune.loop import Tune
 
-USAGE = ("usage: python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...]\n"
-         "  e.g. python -m ringexp.tune steps=200 tune.budget_min=5 tune.quality_budget=0.02\n"
-         "  tune keys (defaults: TuneConfig in ringexp/config.py; docs/tune.md):\n")
+USAGE = "usage: python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...] (--help for the keys)"
 STATE = "tune.json"  # the tune's own configuration: what a second start must match to continue it
+RUN_DIR = "hydra.run.dir="
+FLAG_VALUES = ("--cfg", "-c", "--package", "-p", "--info", "-i")  # Hydra's flags that take a value
 
 
-def parse(args: list) -> tuple:
-    """(TuneConfig, training overrides) of the command line."""
-    own = [a.removeprefix("tune.") for a in args if a.startswith("tune.")]
-    try:
-        tc = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TuneConfig), OmegaConf.from_dotlist(own)))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"tune.{getattr(e, 'full_key', '') or ''}: {one_line(str(e)).split(chr(10))[0]}") from None
-    train = [a for a in args if not a.startswith("tune.")]
+def split(args: list) -> tuple:
+    """(the tune's own arguments, for its Hydra app; the training overrides). tune.out=DIR is hydra.run.dir=DIR; both
+    naming two directories, a sweep (-m: the tune runs one directory) or an override without a key: ConfigError."""
+    own = [a for i, a in enumerate(args) if a.startswith(("-", "tune.", RUN_DIR))
+           or (i and args[i - 1] in FLAG_VALUES and "=" not in a)]  # (--cfg job: the flag's value is Hydra's too)
+    if any(a in ("-m", "--multirun") for a in own):
+        raise ConfigError("the tune runs into one directory and sweeps itself (tune.presets, tune.knobs): drop -m")
+    out = next((a.split("=", 1)[1] for a in own if a.startswith("tune.out=")), None)
+    run_dir = next((a.removeprefix(RUN_DIR) for a in own if a.startswith(RUN_DIR)), None)
+    if out and run_dir and Path(out).absolute() != Path(run_dir).absolute():
+        raise ConfigError(f"tune.out={out} and hydra.run.dir={run_dir} name two directories; give one of them")
+    if out and not run_dir:
+        own.append(RUN_DIR + out)
+    own = [quoted_knobs(a) if a.startswith("tune.knobs=") else a for a in own]
+    train = [a for a in args if a not in own]
     for a in train:
         if "=" not in a or not a.split("=", 1)[0].lstrip("+~"):
-            raise ConfigError(f"'{a}' is not a KEY=VALUE override; {USAGE.splitlines()[0]}")
+            raise ConfigError(f"'{a}' is not a KEY=VALUE override; {USAGE}")
+    return own, train
+
+
+def quoted_knobs(arg: str) -> str:
+    """tune.knobs=[accumulation.steps=2,compression.ratio=0.05] (each entry KEY=VALUE, as docs/tune.md writes it) as
+    Hydra's grammar takes it: each entry quoted ('=' inside a list is not Hydra's; a quoted list passes as it is)."""
+    value = arg.split("=", 1)[1]
+    try:
+        entries = OmegaConf.from_dotlist([f"knobs={value}"]).knobs
+    except OmegaConfBaseException:
+        return arg  # (Hydra's own message follows)
+    if not isinstance(entries, ListConfig) or any("'" in str(e) for e in entries):
+        return arg
+    return "tune.knobs=[" + ",".join(f"'{e}'" for e in entries) + "]"
+
+
+def checked(cfg, train: list):
+    """The tune's TuneConfig (its fields check themselves), once the training overrides are checked too: the knob
+    values each on its own, and the option files they select (which the trials check again, as ringexp.train)."""
+    app: TuneApp = OmegaConf.to_object(cfg)  # (its schema is registered by ringexp.tune.config)
+    tc = app.tune
     space.knobs(tc.knobs)
-    conffiles.check(train)  # (the trials check it too: before anything, as ringexp.train does)
-    return tc, train
+    conffiles.check(train)
+    return tc
 
 
 def reachable(cmd: list, train: list) -> None:
@@ -102,15 +133,36 @@ def check_out(out: Path, tc, train: list) -> bool:
 
 
 def main(argv=None) -> int:
+    """The tune's exit code: 0 done, 2 refused (one line, nothing written), 130 interrupted, 1 Hydra's own refusal
+    of a key or value it cannot compose (its message)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("--help", "-h") for a in args):
-        print(USAGE + "\n".join(f"    tune.{k}={v}" for k, v in plain(TuneConfig()).items()))
-        return 0
     try:
-        tc, train = parse(args)
-        # absolute: a trial's run directory is given to launchers that may start it elsewhere (a Slurm task)
-        when = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        out = Path(tc.out or Path("outputs", "tune", when)).absolute()
+        own, train = split(args)
+    except ConfigError as e:
+        print_error(str(e))
+        return 2
+    code, saved = [0], sys.argv
+    sys.argv = ["ringexp.tune", *own]  # what Hydra's app parses
+
+    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="tune")
+    def app(cfg) -> None:
+        code[0] = start(cfg, train, args)
+
+    try:
+        app()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv = saved
+    return code[0]
+
+
+def start(cfg, train: list, args: list) -> int:
+    """Check everything, then run the tune into Hydra's run directory (absolute: a trial's run directory is given to
+    launchers that may start it elsewhere, a Slurm task); a refused tune takes away the directory it made."""
+    out = Path(HydraConfig.get().runtime.output_dir).absolute()
+    try:
+        tc = checked(cfg, train)
         again = check_out(out, tc, train)  # (before its records are read: they may be anyone's)
         tune = Tune(tc, train, out)
         reachable(tune.cmd, train)
@@ -123,6 +175,7 @@ def main(argv=None) -> int:
                 records.write_json(out / STATE, state(tc, train))
             return run(tune, args)
     except (ConfigError, RunDirTaken) as e:
+        rundir.undo(out)
         print_error(str(e))
         return 2
 
@@ -134,7 +187,7 @@ def run(tune: Tune, argv: list) -> int:
         base = tune.diagnose()
         tune.predict(base)
         checks = diagnose.checklist(records.read_summary(base["dir"]), tune.cluster)
-        tune.verify(tune.search(bar=tqdm), bar=tqdm)
+        verify.verify(tune, tune.search(bar=tqdm), bar=tqdm)
         tune.refit()
     except KeyboardInterrupt:
         note, code = "Interrupted: this is what was done so far; the same command continues the tune.", stop.EXIT_CODE

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ringexp import quality
-from ringexp.config import need
+from ringexp.config import need, register
 
 
 @dataclass
@@ -28,7 +28,7 @@ class TuneConfig:
     trial_timeout_s: float = 1800.0  # a trial running longer is stopped and recorded as timed out
     command: str = ""  # the training command a trial runs (empty: this Python's -m ringexp.train)
     cluster: Optional[str] = None  # the planner's cluster (name or YAML; null: one matching the job, else calibrated)
-    out: Optional[str] = None  # the tune's directory (null: outputs/tune/<time>); the same again continues it
+    out: Optional[str] = None  # the tune's directory, as hydra.run.dir (null: outputs/tune/<time>); again: continues
     seed: int = 0  # the random search's order
 
     def __post_init__(self):
@@ -43,3 +43,13 @@ class TuneConfig:
         need(self.verify >= 1 and self.seeds >= 1, "tune.verify, seeds", f"{self.verify}, {self.seeds}",
              "need at least 1 candidate and 1 seed")
         need(self.trial_timeout_s > 0, "tune.trial_timeout_s", self.trial_timeout_s, "must be > 0 seconds")
+
+
+@dataclass
+class TuneApp:
+    """conf/tune.yaml's root: the tune's keys under `tune.` (so that `tune.KEY=VALUE` is Hydra's own override, and
+    --help and --cfg job show them); every other KEY=VALUE of the command line is a training override."""
+    tune: TuneConfig = field(default_factory=TuneConfig)
+
+
+register("tune_schema", TuneApp)

@@ -21,32 +21,15 @@ from tqdm import tqdm
 
 from ringexp import compress, predict, records
 from ringexp.cluster import files as clusters
-from ringexp.compare import load_local
-from ringexp.compare.groups import QUALITY, judge, report, seed_groups
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError, one_line, print_warning
 from ringexp.models import build_model
-from ringexp.tune import space, trials
+from ringexp.tune import budget, space, trials
 from ringexp.tune.refit import refit
 from ringexp.validate import compose_config
 
 OWN = ("steps=", "seed=", "eval_every=", "name=", "hydra.run.dir=", "hydra.sweep.dir=", "resume=")  # the tune's
-FULL = ("diagnose", "verify")  # the phases whose runs are at full length (the baseline's seed 0 is diagnose's)
 COMPUTE = ("forward_s", "backward_s", "optimizer_s")  # one rank's compute, as compute.json keeps it
-STARTUP_S = 10.0  # a run's start and end (imports, workers, checkpoint): what a full-length run's wall time
-# beyond its steps is not taken to be evaluations
-
-
-@dataclasses.dataclass
-class Budget:
-    total_s: float
-    log: trials.Log
-
-    def spent(self) -> float:
-        return sum(r.get("wall_s", 0.0) for r in self.log.done.values())
-
-    def covers(self, need_s: float) -> bool:
-        return self.spent() + need_s <= self.total_s
 
 
 class Tune:
@@ -61,7 +44,7 @@ class Tune:
                               f"{self.base.throughput_warmup + 5}")
         self.cmd = trials.command(tc.command)
         self.log = trials.Log(out / "trials.jsonl", out)
-        self.budget = Budget(tc.budget_min * 60, self.log)
+        self.budget = budget.Budget(tc.budget_min * 60, self.log)
         self.group = f"tune-{out.name}"
         self.cands, self.left_out, self.refused, self.verified, self.skipped = [], [], [], [], []
         self.chosen = None
@@ -178,33 +161,6 @@ class Tune:
         return clusters.read(path)
 
     # -- try: successive halving --------------------------------------------------------------------------------
-    def estimate(self, c, steps: int, every: int | None = None) -> float:
-        """Machine seconds a run of `c` (a Candidate, or None: the baseline) for `steps` steps should take,
-        evaluating every `every` steps (None: once, a trial): its measured step where a run has one (else the
-        planner's, scaled as the baseline's was), plus the start and each evaluation as the full-length runs so far
-        took them."""
-        name = "baseline" if c is None else c.name
-        ran = [r for r in self.log.done.values() if r.get("candidate") == name and r["status"] == "completed"]
-        step = ran[-1]["step_s"] if ran else (c.predicted if c else self.base_pred)["step_s"] * self.scale
-        return STARTUP_S + steps * step + (1 if every is None else math.ceil(steps / every)) * self.eval_s()
-
-    def eval_s(self) -> float:
-        """One evaluation's seconds: the largest that a full-length run's wall time leaves beyond its steps."""
-        full = [r for r in self.log.done.values() if r["phase"] in FULL and r["status"] == "completed"]
-        return max([max(0.0, r["wall_s"] - STARTUP_S - r["steps"] * r["step_s"]) / math.ceil(r["steps"] / r["every"])
-                    for r in full] or [0.0])
-
-    def full_estimate(self, c) -> float:
-        steps, every = (self.base.steps, self.base.eval_every) if c is None else self.full_steps(c)
-        return self.estimate(c, steps, every)
-
-    def reserve(self) -> float:
-        """What verifying one candidate still needs: the baseline's seeds not run yet, and the seeds of the
-        first candidate in the order."""
-        base = sum(self.full_estimate(None) for i in range(self.tc.seeds)
-                   if f"verify-baseline-s{self.base.seed + i}" not in self.log.done)
-        return base + self.tc.seeds * self.full_estimate(self.order[0])
-
     def search(self, bar=tqdm) -> list:
         """[(Candidate, its last rung's record)], fastest first."""
         alive, last = list(self.order), {}
@@ -212,8 +168,9 @@ class Tune:
             steps = self.tc.trial_steps * self.tc.eta ** rung
             got = {}
             for c in bar(alive, desc=f"try: rung {rung + 1} of {self.tc.rungs} ({steps} steps)", leave=False):
-                key = f"try-r{rung}-{slug(c.name)}"
-                if key not in self.log.done and not self.budget.covers(self.estimate(c, steps) + self.reserve()):
+                key = f"try-r{rung}-{trials.slug(c.name)}"
+                need = budget.estimate(self, c, steps) + budget.reserve(self)
+                if key not in self.log.done and not self.budget.covers(need):
                     break  # the rest, ranked lower, would not leave room to verify
                 rec = self.trial(key, "try", c.name, c.overrides, steps, self.base.seed, steps)
                 if rec["status"] == "completed":
@@ -240,79 +197,7 @@ class Tune:
             return self.trial(f"verify-baseline-s{seed}", "diagnose" if i == 0 else "verify", "baseline", [],
                               self.base.steps, seed, self.base.eval_every)
         steps, every = self.full_steps(c)
-        return self.trial(f"verify-{slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
-
-    def verify(self, tried: list, bar=tqdm) -> None:
-        """Fastest first: seed 0 of candidate and baseline (a validation-set verdict); a candidate not worse runs
-        the other seeds (a paired verdict over seeds); the first equivalent (or better) one is chosen. A knob value
-        that made one candidate worse is not verified again on another (`blamed`)."""
-        blamed = {}
-        for c, _ in bar(tried, desc="verify", leave=False):
-            if len(self.verified) == self.tc.verify:
-                return
-            if (why := next((k for k in c.overrides[1:] if k in blamed), None)) is not None:
-                self.skipped.append((c, f"{why} made {blamed[why]} worse"))
-                continue
-            if not self.verify_one(c):
-                return
-            verdict = self.verified[-1][1]
-            if verdict and verdict[0].word in ("equivalent", "better"):
-                self.chosen = c
-                return
-            if verdict and verdict[0].word == "worse":
-                blamed |= {k: c.name for k in c.overrides[1:]}
-
-    def verify_one(self, c) -> bool:
-        """Run `c`'s seeds (and the baseline's) as far as they decide; False, before any, where the budget cannot
-        pay for all of them (a candidate verified on fewer seeds than it needs could not be chosen)."""
-        if not self.decided(c) and not self.budget.covers(sum(self.cost(x, i) for i in range(self.tc.seeds)
-                                                              for x in (None, c))):
-            return False
-        for i in range(self.tc.seeds):
-            runs = [self.full(None, i), self.full(c, i)]
-            if any(r["status"] != "completed" for r in runs):
-                break
-            verdict = self.judge(c)
-            if verdict and verdict[0].word in ("worse", "not equivalent"):
-                break
-        self.verified.append((c, self.judge(c)))
-        return True
-
-    def decided(self, c) -> bool:
-        """Whether `c`'s recorded runs already decide it (a continued tune): every seed run, or a verdict that
-        stops verification early."""
-        done = all(self.cost(x, i) == 0 for i in range(self.tc.seeds) for x in (None, c))
-        verdict = self.judge(c)
-        return done or bool(verdict and verdict[0].word in ("worse", "not equivalent"))
-
-    def cost(self, c, i: int) -> float:
-        """What seed `i`'s full-length run of `c` (None: the baseline) still costs: 0 once recorded."""
-        key = f"verify-{'baseline' if c is None else slug(c.name)}-s{self.base.seed + i}"
-        return 0.0 if key in self.log.done else self.full_estimate(c)
-
-    def judge(self, c):
-        """(headline Verdict, note) of candidate `c` against the baseline over their verification runs so far."""
-        runs = load_local([r["dir"] for r in self.log.done.values()
-                           if r["phase"] in FULL and r["candidate"] in ("baseline", c.name)
-                           and r["status"] == "completed"])
-        groups = seed_groups(runs)
-        base = [g for g in groups if any(r["dir"] in self.dirs("baseline") for r in g.runs)]
-        mine = [g for g in groups if any(r["dir"] in self.dirs(c.name) for r in g.runs)]
-        if not base or not mine:
-            return None
-        verdicts, note = judge(mine[0], base[0], self.tc.quality_budget)
-        return (verdicts[QUALITY[0]], note) if verdicts.get(QUALITY[0]) else None
-
-    def dirs(self, cand: str) -> set:
-        return {r["dir"] for r in self.log.done.values() if r["phase"] in FULL and r["candidate"] == cand}
-
-    def verification_report(self):
-        """compare's seed-group report over every verification run (None before any)."""
-        runs = load_local([r["dir"] for r in self.log.done.values() if r["phase"] in FULL
-                           and r["status"] == "completed"])
-        groups = seed_groups(runs)
-        base = next((i for i, g in enumerate(groups) if any(r["dir"] in self.dirs("baseline") for r in g.runs)), None)
-        return report(groups, base, self.tc.quality_budget) if groups else None
+        return self.trial(f"verify-{trials.slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
 
     # -- refit ------------------------------------------------------------------------------------------------------
     def refit(self) -> None:
@@ -340,8 +225,3 @@ def kept_compute(path: Path):
 def stale(path: Path, why: str) -> None:
     print_warning(f"{path}: {why}; measuring compute again")
     return None
-
-
-def slug(name: str) -> str:
-    """A candidate's name as a directory name."""
-    return "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in name).strip("-")

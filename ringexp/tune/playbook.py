@@ -10,6 +10,7 @@ from ringexp import records
 from ringexp.compare.cells import markdown_table
 from ringexp.config import plain
 from ringexp.plotting import pyplot, save, short
+from ringexp.tune import verify
 
 PHASES = ("diagnose", "predict", "try", "verify")
 BEST = "best.yaml"  # a +experiment file: copy it to conf/experiment/ (docs/tune.md)
@@ -18,7 +19,7 @@ BEST = "best.yaml"  # a +experiment file: copy it to conf/experiment/ (docs/tune
 def write(t, checks: list, argv: list, note: str = "") -> str:
     """playbook.md, best.yaml and the plots of Tune `t`; the chosen command line (or the baseline's)."""
     chosen = command(t, t.chosen)
-    rep = t.verification_report()  # once: each verdict on one seed is a 2000-resample bootstrap
+    rep = verify.report(t)  # once: each verdict on one seed is a 2000-resample bootstrap
     parts = [f"# Tune playbook: {t.out.name}", "", f"Tune: `python -m ringexp.tune {' '.join(argv)}`", "",
              f"Chosen: `{chosen}`" if t.chosen else f"Kept the baseline: `{chosen}` (no candidate was verified as "
              "equivalent)", *(["", note] if note else []), "", "## Time per phase (machine seconds)", "",

@@ -197,3 +197,8 @@ def problem(r, out: Path):
     if r["status"] == "completed" and not all(number(r.get(k), 1e-12) for k in ("samples_s", "step_s")):
         return "a completed trial without its samples/s and step time"
     return None
+
+
+def slug(name: str) -> str:
+    """A candidate's name as a directory name."""
+    return "".join(ch if ch.isalnum() or ch in "._" else "-" for ch in name).strip("-")

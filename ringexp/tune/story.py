@@ -1,27 +1,26 @@
 """The tune story's report (scripts/tune_story.sh): the exhaustive sweep of the search space judged candidate by
 candidate against plain DDP, and the planner-guided and random-order tunes against it.
-    python scripts/tune_story_report.py outputs/tune-story    -> outputs/tune-story/report.md (and prints it)
+    python -m ringexp.tune.story outputs/tune-story [outputs/cluster-story]
+                                                -> outputs/tune-story/report.md (and prints it)
 The exhaustive sweep's first part is the slow-link story's seed-0 runs (outputs/cluster-story); each candidate is
 judged on the validation set against DDP's seed-0 run (one run each: compare's validation-set bootstrap)."""
 
-import json
 import random
 import statistics
 import sys
 from pathlib import Path
 
+from ringexp import quality, records
 from ringexp.compare import load_local
 from ringexp.compare.cells import markdown_table
 from ringexp.compare.groups import QUALITY, judge, seed_groups
 
-ROOT = Path(__file__).resolve().parent.parent
 STORY = ["presets", "accumulation"]  # the story's seed-0 parts that are candidates of the space
 EXTRA = {"compression.rank=2,compression.start_step=10": "two knobs at once: not a candidate",
          "compression.rank=8,compression.start_step=60": "the preset again: drift since the story"}
 
 
-def exhaustive(out: Path) -> tuple:
-    story = ROOT / "outputs" / "cluster-story"
+def exhaustive(out: Path, story: Path) -> tuple:
     runs = load_local([story / p for p in STORY] + [out / "exhaustive"])
     runs = [r for r in runs if r["summary"].get("status") == "completed"]
     groups = seed_groups(runs)
@@ -30,7 +29,7 @@ def exhaustive(out: Path) -> tuple:
     for g in groups:
         s = g.runs[0]["summary"]
         extra = next((why for k, why in EXTRA.items() if all(o in s["name"] for o in k.split(","))), None)
-        v = None if g is base else judge(g, base, 0.02)[0][QUALITY[0]]
+        v = None if g is base else judge(g, base, quality.MARGIN)[0][QUALITY[0]]
         train_s = g.runs[0]["rows"][-1]["train/train_s"]
         to90 = next((t["train_s"] for t in s.get("targets") or [] if t["auroc"] == 0.9), None)
         rows.append({"candidate": label(s), "samples_s": s["throughput"]["median"],
@@ -49,14 +48,14 @@ def label(s: dict) -> str:
 def tune(path: Path) -> dict | None:
     if not (path / "result.json").exists():
         return None
-    r = json.loads((path / "result.json").read_text())
-    recs = [json.loads(x) for x in (path / "trials.jsonl").read_text().splitlines()]
+    r = records.read_json(path / "result.json")
+    recs = [x for _, x in records.read_jsonl(path / "trials.jsonl") if isinstance(x, dict)]
     overhead = [x["wall_s"] - x["run_wall_s"] for x in recs if x.get("run_wall_s")]
     return r | {"trials": recs, "overhead_s": statistics.median(overhead) if overhead else 0.0}
 
 
-def report(out: Path) -> str:
-    rows = exhaustive(out)
+def report(out: Path, story: Path) -> str:
+    rows = exhaustive(out, story)
     cands = [r for r in rows if not r["extra"]]
     tunes = {k: tune(out / k) for k in ("planner", "random")}
     overhead = statistics.median([t["overhead_s"] for t in tunes.values() if t] or [0.0])
@@ -154,6 +153,6 @@ def tune_lines(name: str, t, ex_s: float, best, base) -> list:
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
-    text = report(out)
-    (out / "report.md").write_text(text)
+    text = report(out, Path(sys.argv[2] if len(sys.argv) > 2 else "outputs/cluster-story"))
+    records.write_file(out / "report.md", text)
     print(text, end="")
