@@ -198,7 +198,7 @@ class Recorder:
 
     def summary(self, memory: dict) -> dict:
         """summary.json (W&B gets the same): its sections in order, each from one part below. What readers rely on
-        (ringexp.compare's COMPLETED) and the keys of a real run's summary (tests/test_records.py) stay fixed."""
+        (its schema, ringexp.summary) and the keys of a real run's summary (tests/test_records.py) stay fixed."""
         steady, warmup = self.steady()
         return (self.identity() | self.placement() | self.workload() | speed(steady, warmup, self.global_batch)
                 | outcome(self.history, self.evals) | {"targets": reached(self.evals, self.cfg.eval.targets,

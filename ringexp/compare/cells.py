@@ -1,15 +1,5 @@
-"""How compare writes a value: as text that can be written anywhere, and as a cell of a table."""
-
-
-def is_text(v) -> bool:
-    """str that can be written out as UTF-8 (JSON can hold a lone surrogate, "\\ud800", which cannot)."""
-    if not isinstance(v, str):
-        return False
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+"""How compare writes a value as a cell of a table (whether a value is text that can be written anywhere is
+ringexp.summary.is_text)."""
 
 
 def fmt(key: str, value) -> str:

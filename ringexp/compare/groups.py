@@ -27,11 +27,13 @@ import numpy as np
 import torch
 
 from ringexp import metrics, quality, records
-from ringexp.compare.cells import aligned, fmt, is_text, markdown_table
+from ringexp.compare.cells import aligned, fmt, markdown_table
 from ringexp.config import TrainConfig
 from ringexp.errors import one_line
+from ringexp.summary import is_text
 
-# What a seed group averages: its column, and where a completed run's summary holds it (checked by COMPLETED).
+# What a seed group averages: its column, and where a completed run's summary holds it
+# (ringexp.summary.COMPLETED checks it).
 GROUP_METRICS = {"samples/s": "throughput.median", "final AUROC": "final.auroc_macro",
                  "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro", "best F1": "best.f1_macro"}
 QUALITY = ("final AUROC", "best AUROC", "final F1", "best F1")  # judged against the baseline; the first is the headline
