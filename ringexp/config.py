@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
@@ -63,6 +64,10 @@ class AmpMode(StrEnum):
     off = "off"
     bf16 = "bf16"
     fp16 = "fp16"
+
+
+# The dtype each AMP mode computes in (autocast's, and FSDP's parameter dtype); off: none, float32 throughout.
+AMP_DTYPES = {AmpMode.bf16: torch.bfloat16, AmpMode.fp16: torch.float16}
 
 
 class OptimName(StrEnum):

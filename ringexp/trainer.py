@@ -22,8 +22,7 @@ from torch.utils._pytree import tree_map_only
 
 from ringexp import backend, checkpoint, parallel, profiling, records, stop
 from ringexp import dist as rdist
-from ringexp.compress.cast import DTYPES
-from ringexp.config import AmpMode
+from ringexp.config import AMP_DTYPES, AmpMode
 from ringexp.data import build_datasets
 from ringexp.data.loader import batches, loaders
 from ringexp.metrics import evaluate, state_bytes
@@ -54,7 +53,7 @@ def forward_backward(model, micro_batches, k: int, autocast, scaler, no_sync) ->
 def amp_context(mode: AmpMode, device: torch.device):
     if mode == AmpMode.off:
         return nullcontext
-    return partial(torch.autocast, device.type, dtype=DTYPES[mode])
+    return partial(torch.autocast, device.type, dtype=AMP_DTYPES[mode])
 
 
 def resume_mode(cfg):

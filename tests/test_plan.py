@@ -25,8 +25,8 @@ from ringexp.cluster.schema import ClusterConfig, LinkConfig
 from ringexp.config import CONF_DIR, CompressionConfig, TrainConfig
 from ringexp.models import build_model
 from ringexp.parallel.ddp import bucket_shapes
-from ringexp.plan.calibrate import CODECS
 from ringexp.plan.cli import main
+from ringexp.plan.host import CODECS
 
 # 2 nodes x 2 ranks; numbers chosen so that every term is easy to add up by hand
 CL = ClusterConfig(name="hand", nodes=2, ranks_per_node=2, intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-8),

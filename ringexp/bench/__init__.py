@@ -41,7 +41,7 @@ from ringexp.validate import check_gpus, resolve_device
 
 log = logging.getLogger("ringexp")
 INTER = ("fp16:inter", "bf16:inter", "int8:inter")  # wire formats the hierarchical all-reduce can keep between nodes
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-2}
 # Copies of the largest message one rank holds at once besides one buffer per row (timed_rounds): the input, its
 # float32 draw, the check's reference and tolerance (count_wrong), the algorithm's scratch; a 16-bit message's
@@ -72,9 +72,9 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
         raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
                           f"{', '.join(c for c in compress.COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook), "
                           f"or {', '.join(INTER)} (a wire format between nodes only, hierarchical rows)")
-    bad = [d for d in cfg.dtypes if d not in DTYPES]
+    bad = [d for d in cfg.dtypes if d not in DTYPE_NAMES]
     if bad:
-        raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPES)}")
+        raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPE_NAMES)}")
     # auto: cuda where every world size finds a GPU per rank on this node (NCCL runs one rank per GPU), else cpu;
     # resolved in place, so that the workers see the resolved device
     local = [int(os.environ.get("LOCAL_WORLD_SIZE", 1))] if external else cfg.nprocs
@@ -98,15 +98,15 @@ def check_sizes(cfg: BenchConfig, ranks: int) -> None:
     ranks on this machine (host memory on the CPU, each rank's GPU on CUDA): else the workers would time another
     size than asked, or the kernel would kill one of them mid-table."""
     key = f"bench: sizes={cfg.sizes}" if cfg.sizes else f"bench: min_bytes={cfg.min_bytes}, max_bytes={cfg.max_bytes}"
-    widest = max(["float32"] if cfg.codec else cfg.dtypes, key=lambda d: DTYPES[d].itemsize)
-    if min(sizes(cfg)) < DTYPES[widest].itemsize:
+    widest = max(["float32"] if cfg.codec else cfg.dtypes, key=lambda d: DTYPE_NAMES[d].itemsize)
+    if min(sizes(cfg)) < DTYPE_NAMES[widest].itemsize:
         raise ConfigError(f"{key}: {min(sizes(cfg))} bytes hold no {widest} element; every size must be >= "
-                          f"{DTYPES[widest].itemsize} bytes")
+                          f"{DTYPE_NAMES[widest].itemsize} bytes")
     biggest = max(sizes(cfg))
     if cfg.codec:
         ranks, copies = 1, CODEC_COPIES
     else:
-        copies = len(row_specs(cfg)) + COPIES * (2 if min(DTYPES[d].itemsize for d in cfg.dtypes) < 4 else 1)
+        copies = len(row_specs(cfg)) + COPIES * (2 if min(DTYPE_NAMES[d].itemsize for d in cfg.dtypes) < 4 else 1)
     cuda = cfg.launcher.device == Device.cuda and not cfg.codec
     have = (min(torch.cuda.get_device_properties(i).total_memory for i in range(ranks)) if cuda
             else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
@@ -159,7 +159,7 @@ def bench_worker(cfg: BenchConfig) -> list:
         return compress.all_reduce(buf, algo, compress.State(c), **(opts | o | scope))
 
     for dname in cfg.dtypes:
-        dtype = DTYPES[dname]
+        dtype = DTYPE_NAMES[dname]
         for nbytes in sizes(cfg):
             count = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
             g = torch.Generator().manual_seed(1000 * env.rank + count)

@@ -31,8 +31,8 @@ from ringexp.comm.p2p import DEFAULT_TIMEOUT_S, global_ranks, one_line
 
 ALGORITHMS = {"ring": ring, "hierarchical": hierarchical, "naive": naive, "builtin": builtin}
 # what the comparison across ranks sends, as numbers: the dtype and the algorithm by index
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-          torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+                    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 # a rank's mistake, as the other ranks hear of it (the rank itself raises its own, more precise, error)
 PROBLEMS = ("", "bool tensors have no sum here: convert to an integer dtype",
             "its dtype is not supported: use a float, complex or integer dtype",
@@ -76,7 +76,7 @@ def _mistake(tensor, algorithm: str, options: dict, group) -> tuple:
         return 9, ValueError(f"{algorithm} all-reduce: {bad}")
     if not isinstance(tensor, torch.Tensor):
         return 7, TypeError(f"{algorithm} all-reduce: expected a torch.Tensor, got {type(tensor).__name__}")
-    code = (1 if tensor.dtype == torch.bool else 2 if tensor.dtype not in DTYPES
+    code = (1 if tensor.dtype == torch.bool else 2 if tensor.dtype not in SUPPORTED_DTYPES
             else 5 if tensor.layout != torch.strided else 6 if tensor.is_conj()
             else 3 if options.get("wire") is not None and not tensor.dtype.is_floating_point
             else 10 if options.get("divisor") is not None and not tensor.dtype.is_floating_point
@@ -140,7 +140,7 @@ def _described(tensor, algorithm: str, options: dict, group, code: int) -> list:
                                      else 0)
     variant = hierarchical.VARIANTS.index(options.get("variant", "two_level")) if algorithm == "hierarchical" else 0
     wire = options.get("wire")
-    return [code, tensor.numel(), DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else -1,
+    return [code, tensor.numel(), SUPPORTED_DTYPES.index(tensor.dtype) if tensor.dtype in SUPPORTED_DTYPES else -1,
             list(ALGORITHMS).index(algorithm), nodes, variant, options.get("segment_bytes") or 0,
             wire.nbytes(4096) if wire is not None else 0]
 
@@ -149,7 +149,7 @@ def _said(row) -> str:
     _, numel, dtype, algorithm, nodes, variant, segment, wire = row
     if numel < 0:
         return "an invalid call"
-    said = f"{list(ALGORITHMS)[algorithm]} of {numel} x {str(DTYPES[dtype]).removeprefix('torch.')}"
+    said = f"{list(ALGORITHMS)[algorithm]} of {numel} x {str(SUPPORTED_DTYPES[dtype]).removeprefix('torch.')}"
     extra = [f"nodes={nodes}" if nodes else "", f"variant={hierarchical.VARIANTS[variant]}" if variant else "",
              f"segment_bytes={segment}" if segment else "", "a wire format" if wire else ""]
     return " ".join([said, *[e for e in extra if e]])

@@ -6,13 +6,11 @@ hop), `sum_dtype(c)` (the payload, viewed as this dtype, can be summed across ra
 `c` is the `compression` config, `ctx` the step, bucket, current ratio and the sizes of the parameters the
 bucket holds (`layout`, None outside DDP), the same on every rank.
 
-How a bucket travels (`all_reduce`), by compressor and algorithm:
-- WIRE (fp16, bf16, int8) with ring / hierarchical / naive: the collective itself encodes each message and
-  accumulates in float32 at every hop (`hierarchical` with scope=inter_node: only between nodes);
-- summable payload (fp16/bf16 with builtin, random-k): encode, all-reduce the payload, decode;
-- anything else (int8 with builtin, top-k, sign): all-gather the payloads and sum them locally.
-Error feedback (`feedback.py`) wraps all three: it adds the residual before encoding and keeps what the
-local encoding lost. PowerSGD is PyTorch's own hook, registered by `parallel/ddp.py`.
+How a bucket travels, by compressor and algorithm, is `route`'s choice (a wire format inside the collective, a
+summable payload, or an all-gather), and running it (`all_reduce`), counting its bytes (`wire_bytes`) and predicting
+its time (`seconds`) all follow that one choice. Error feedback (`feedback.py`) wraps all three routes: it adds the
+residual before encoding and keeps what the local encoding lost. PowerSGD is PyTorch's own hook, registered by
+`parallel/ddp.py`.
 """
 
 from functools import partial
@@ -41,6 +39,22 @@ MOMENTUM_RULE = ("compression.momentum_correction needs topk or randomk, error f
                  "momentum before the compressor)")
 
 
+def route(c, algorithm: str) -> str:
+    """The path a bucket compressed by `c` (a compressor, not "none" nor PowerSGD, PyTorch's own hook) takes through
+    all-reduce `algorithm`, one of three:
+    - "wire": a WIRE compressor (fp16, bf16, int8) with a hand-written collective (ring, hierarchical, naive), which
+      encodes each message itself and accumulates in float32 at every hop (`hierarchical` with scope=inter_node:
+      only between nodes); builtin all-reduce can only sum what it is given;
+    - "sum": the payload can be summed as it is (fp16/bf16 on builtin, random-k): encode once, all-reduce the
+      payload viewed as its `sum_dtype`, decode once;
+    - "gather": anything else (int8 on builtin, top-k, sign): payloads cannot be added without decoding them, so
+      every rank's is all-gathered and they are decoded and summed locally."""
+    m = COMPRESSORS[c.name]
+    if m.WIRE and algorithm != "builtin":
+        return "wire"
+    return "sum" if m.sum_dtype(c) is not None else "gather"
+
+
 def refusal(c, algorithm: str, where: str):
     """Why compressor config `c` cannot run with all-reduce `algorithm` (builtin, ring, hierarchical, naive; any
     other name: not a DDP hook), in the words of `where` (what the user chose), or None if it can."""
@@ -55,7 +69,7 @@ def refusal(c, algorithm: str, where: str):
     # Error feedback keeps what this rank's own encoding lost. A cast summed in its own precision (PyTorch's cast
     # hooks, gloo) and a wire format inside the hand-written collectives re-encode partial sums on the way: that
     # error belongs to no rank, and a residual of the local encoding would correct one that never happened.
-    if error_feedback(c) and m.WIRE and (algorithm != "builtin" or m.sum_dtype(c) is not None):
+    if error_feedback(c) and m.WIRE and route(c, algorithm) != "gather":
         return (f"compression.error_feedback=true with {c.name} on {where}: the wire carries re-encoded partial "
                 "sums, an error no rank's residual holds; use error_feedback=false, or int8 on builtin all-reduce "
                 "(each rank's encoding sent as it is)")
@@ -137,13 +151,13 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
     options = comm.options_for(algorithm, options)
     flat = tensor.view(-1)
     x = feedback.before(flat, state, bucket)
-    inside = m.WIRE and algorithm != "builtin"  # the collective encodes every message itself
-    payload = m.encode(x, c, ctx) if state.ef or not inside else None
+    way = route(c, algorithm)
+    payload = m.encode(x, c, ctx) if state.ef or way != "wire" else None  # ("wire": the collective encodes)
     sent = m.decode(payload, flat.numel(), c, ctx) if state.ef else None  # before the collective reuses payload
-    if inside:
+    if way == "wire":
         flat.copy_(x)
         comm.all_reduce(flat, algorithm, group=group, check=False, wire=wire_codec(c, ctx), **options)
-    elif m.sum_dtype(c) is not None:
+    elif way == "sum":
         summed = comm.all_reduce(payload.view(m.sum_dtype(c)), algorithm, group=group, check=False, **options)
         flat.copy_(m.decode(summed.view(torch.uint8), flat.numel(), c, ctx))
     else:
@@ -197,7 +211,7 @@ def tolerance(c, ref, n: int):
     if m is int8:
         return 2 * (n + 1) * big / 127 + 1e-6  # half a step per re-encoding, steps of max/127, 2x margin
     if m is cast:
-        eps = torch.finfo(cast.DTYPES[c.name]).eps
+        eps = torch.finfo(cast.WIRE_DTYPES[c.name]).eps
         return 2 * (n + 1) * eps * (ref.abs().float() + big) + 1e-6
     return 1e-5 * (ref.abs().float() + 1)
 
@@ -231,10 +245,11 @@ def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **opti
         return comm.wire_bytes(algorithm, 4 * numel, n, **options)
     if m is powersgd:
         return comm.wire_bytes("builtin", 4 * powersgd.wire_numel(shapes, c), n)
-    if m.WIRE and algorithm != "builtin":
+    way = route(c, algorithm)
+    if way == "wire":
         return comm.wire_bytes(algorithm, 4 * numel, n, wire_ratio=payload_bytes(c, numel) / (4 * numel),
                                scope=c.scope, **options)
-    if m.sum_dtype(c) is not None:
+    if way == "sum":
         return comm.wire_bytes(algorithm, payload_bytes(c, numel), n, **options)
     per_rank = payload_bytes(c, numel, [s.numel() for s in shapes] or None)
     # an all-gather: ring-like ones send n - 1 payloads; rank 0 of the naive one sends n payloads to n - 1 ranks
@@ -250,18 +265,17 @@ def wire_of(cl, c, numel: int, layout=None) -> costmodel.Wire:
 
 def seconds(cl, c, algorithm: str, shapes, **options) -> float:
     """Predicted seconds of one all-reduce of gradients of `shapes` (a bucket) on cluster `cl` through compressor
-    config `c`, along the path `all_reduce` takes: a wire format inside the collective; encode, all-reduce the
-    payload, decode; or all-gather the payloads and decode every one (PowerSGD: its own, powersgd.seconds)."""
+    config `c`, along the path `all_reduce` takes (`route`; PowerSGD: its own, powersgd.seconds)."""
     m, numel = COMPRESSORS[c.name], sum(s.numel() for s in shapes)
     n, options = 4 * numel, comm.options_for(algorithm, options)
     if m is None:
         return comm.seconds(algorithm, cl, n, **options)
     if m is powersgd:
         return powersgd.seconds(cl, c, shapes)
-    wire = wire_of(cl, c, numel, [s.numel() for s in shapes])
-    if m.WIRE and algorithm != "builtin":
+    wire, way = wire_of(cl, c, numel, [s.numel() for s in shapes]), route(c, algorithm)
+    if way == "wire":
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": c.scope})
-    if m.sum_dtype(c) is not None:
+    if way == "sum":
         return n * (wire.encode + wire.decode) + comm.seconds(algorithm, cl, wire.ratio * n, **options)
     if cl.backend == "nccl" and algorithm == "builtin":  # NCCL's all-gather, as NCCL would run it
         p = costmodel.ranks(cl)
@@ -290,4 +304,5 @@ def parse(name: str, **fields) -> tuple:
                                                  scope="inter_node" if colon else "all", **fields)
 
 
-__all__ = ["COMPRESSORS", "State", "all_reduce", "all_gather", "parse", "payload_bytes", "seconds", "wire_bytes"]
+__all__ = ["COMPRESSORS", "State", "all_reduce", "all_gather", "parse", "payload_bytes", "route", "seconds",
+           "wire_bytes"]

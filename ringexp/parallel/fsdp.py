@@ -10,29 +10,21 @@ pytorch#132471), and gloo has no reduce-scatter of its own: it all-reduces the w
 slice (pytorch#118911), so FSDP sends about twice the gradient bytes it would on NCCL.
 """
 
-import io
-import pickle
-from pathlib import Path
-
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from ringexp import records
+from ringexp import dcp_safety
 from ringexp.cluster import costmodel, nccl
 from ringexp.comm import ring
-from ringexp.compress.cast import DTYPES
-from ringexp.config import AmpMode
+from ringexp.compress.cast import WIRE_DTYPES
+from ringexp.config import AMP_DTYPES, AmpMode
 from ringexp.errors import CheckpointError, ConfigError, one_line
 from ringexp.parallel.base import Strategy
 
@@ -40,8 +32,8 @@ from ringexp.parallel.base import Strategy
 def moved(cfg, backend: str) -> tuple:
     """(bytes per parameter gathered, bytes per gradient reduced, all-gathers per step, reduce-scatter as halves
     of an all-reduce: 1 on NCCL, 2 on gloo, which has no reduce-scatter)."""
-    param = 2 if cfg.amp.mode in DTYPES else 4
-    reduce = 2 if cfg.compression.name in DTYPES else 4
+    param = 2 if cfg.amp.mode in AMP_DTYPES else 4
+    reduce = 2 if cfg.compression.name in WIRE_DTYPES else 4
     gathers = cfg.accumulation.steps * (2 if cfg.parallel.reshard_after_forward else 1)
     return param, reduce, gathers, 1 if backend == "nccl" else 2
 
@@ -126,52 +118,18 @@ class FSDPStrategy(Strategy):
 
     @staticmethod
     def verify(path) -> str | None:
-        """What DCP would run or read that it must not, before it reads anything: `.metadata` holding anything but
-        DCP's own classes, a file it refers to that is not one of this checkpoint's, a stream transform (ringexp
-        writes none: a decompressor could be made to exhaust memory), a non-tensor item that is not plain values."""
-        try:
-            metadata = SafeReader(path).read_metadata()
-        except CheckpointError as e:
-            return str(e).removeprefix(f"{Path(path)}/")
-        names = {p.name for p in Path(path).iterdir()}
-        for index, info in (metadata.storage_data or {}).items():
-            where = getattr(index, "fqn", index)
-            if not isinstance(info, _StorageInfo) or info.relative_path not in names or info.transform_descriptors:
-                return (f".metadata: item {where!r} is stored as {getattr(info, 'relative_path', info)!r}"
-                        f"{' with transforms' if getattr(info, 'transform_descriptors', None) else ''}: not a plain "
-                        "file of this checkpoint")
-            if type(info.offset) is not int or type(info.length) is not int or min(info.offset, info.length) < 0:
-                return f".metadata: item {where!r} has offset {info.offset!r}, length {info.length!r}"
-        return plain_items(Path(path), metadata)
+        """What DCP would run or read that it must not, found before it reads anything (ringexp.dcp_safety)."""
+        return dcp_safety.problem(path)
 
     def load(self, path, model, opt) -> None:
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optimizer": osd}
         try:
-            dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())
+            dcp.load(state, storage_reader=dcp_safety.SafeReader(path), planner=dcp_safety.SafePlanner())
         except CheckpointException as e:  # (a BaseException: it would pass through `except Exception`)
             raise CheckpointError(f"resume: {path}: the shards cannot be loaded ({one_line(str(e))}); resume from "
                                   "another checkpoint (resume=PATH)") from None
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
-def plain_items(path: Path, metadata) -> str | None:
-    """A non-tensor item (an optimizer's learning rate, its betas) that holds more than plain values, as 'file:
-    why', or None: DCP's own planner unpickles them with weights_only=False."""
-    for fqn, item in metadata.state_dict_metadata.items():
-        if not isinstance(item, BytesStorageMetadata):
-            continue
-        info = metadata.storage_data.get(MetadataIndex(fqn))
-        if info is None:
-            return f".metadata: item {fqn!r} is stored nowhere"
-        with records.open_regular(path / info.relative_path) as f:
-            f.seek(info.offset)
-            data = f.read(info.length)
-        try:
-            torch.load(io.BytesIO(data), weights_only=True)
-        except Exception as e:
-            return f"{info.relative_path}: item {fqn!r} cannot be loaded as plain values ({one_line(str(e))[:200]})"
-    return None
 
 
 def blocks(model: nn.Module) -> list:
@@ -190,9 +148,9 @@ def shard(model, cfg, device, world_size: int, timer=None):
     p = cfg.parallel
     model = model.to(device)
     mesh = init_device_mesh(device.type, (world_size,))
-    param_dtype = DTYPES.get(cfg.amp.mode)
+    param_dtype = AMP_DTYPES.get(cfg.amp.mode)
     # float32 unless a cast compressor says otherwise (FSDP2 would reduce in the parameter dtype)
-    reduce_dtype = DTYPES.get(cfg.compression.name, torch.float32)
+    reduce_dtype = WIRE_DTYPES.get(cfg.compression.name, torch.float32)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     units = []
     if param_dtype is not None:
@@ -245,54 +203,3 @@ def _timed(timer, call, *args, async_op):
         work.get_future().then(lambda _: timer.end(span))
     return work
 
-
-# What a DCP `.metadata` file holds: torch.distributed.checkpoint's own classes, torch's sizes, dtypes and layouts,
-# and the path type (found by unpickling real checkpoints of this torch). Nothing here runs code when built.
-METADATA_CLASSES = {("torch.distributed.checkpoint.metadata", n) for n in (
-    "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata", "BytesStorageMetadata",
-    "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict")}
-
-
-class SafeReader(FileSystemReader):
-    """DCP's file reader, but `.metadata` is read by a restricted unpickler: torch's own reads it with plain
-    pickle.load, so a checkpoint from someone else could run any code on resume. Tensors are read by torch with
-    weights_only=True; other items by SafePlanner."""
-
-    def read_metadata(self, *args, **kwargs) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        try:
-            with records.open_regular(path) as f:
-                metadata = _MetadataUnpickler(f).load()
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, RecursionError) as e:
-            why = e if isinstance(e, pickle.UnpicklingError) else f"unreadable ({type(e).__name__}: {e})"
-            raise CheckpointError(f"{path}: {why}") from None
-        if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
-            raise CheckpointError(f"{path}: not a checkpoint's metadata (it holds {type(metadata).__name__})")
-        if getattr(metadata, "storage_meta", None) is None:  # as torch's read_metadata does
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) in METADATA_CLASSES or module == "torch" and isinstance(getattr(torch, name, None),
-                                                                                  torch.dtype):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refused to load: it asks for {module}.{name}, which a checkpoint's metadata "
-                                     "never holds (it could run code); this checkpoint is not one ringexp wrote")
-
-
-class SafePlanner(DefaultLoadPlanner):
-    """DCP's load planner, but a non-tensor item is unpickled with weights_only=True (torch's own planner uses
-    weights_only=False: a planted byte item would run code on resume)."""
-
-    def load_bytes(self, read_item, value) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj

@@ -13,7 +13,7 @@ import torch
 from ringexp import compress, records
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
-from ringexp.plan import published
+from ringexp.plan import published, scoring
 from ringexp.plan.config import PlanConfig
 from ringexp.plotting import pyplot, save, short
 
@@ -30,7 +30,7 @@ def accuracy(pc: PlanConfig, train: list = ()) -> None:
                           "or cases=[PATH,...] (published cases: ringexp/plan/published.yaml)")
     # every prediction made (a case's run refused, naming it) before anything is written
     cases = [case(pc, path, r) for path, r in rows]
-    got = [r for path, clusters, found in loaded for c in found for r in published.predicted(path, clusters, c)]
+    got = [r for path, clusters, found in loaded for c in found for r in scoring.predicted(path, clusters, c)]
     text = bench_report(pc, cases) if rows else ""
     if loaded:
         text += ("\n" if text else "") + published_report(pc, got)
@@ -38,9 +38,9 @@ def accuracy(pc: PlanConfig, train: list = ()) -> None:
 
 
 def published_report(pc: PlanConfig, got: list) -> str:
-    """The published cases' table (`got`: their runs as published.predicted gives them), their ratios and the
+    """The published cases' table (`got`: their runs as scoring.predicted gives them), their ratios and the
     summary (and accuracy-published.md/json under `out`)."""
-    rats = published.ratios(got)
+    rats = scoring.ratios(got)
     lines = ["# Published cases against the cost model", "",
              "| case | run | measured | predicted | error | NCCL's choice (model) |", "|" + "---|" * 6]
     lines += [f"| {r['case']} | {r['run']} | {fmt(r['unit'], r['measured'])} | {fmt(r['unit'], r['predicted'])} | "
@@ -49,7 +49,7 @@ def published_report(pc: PlanConfig, got: list) -> str:
     lines += ["", "| case | variant / baseline | measured ratio | predicted ratio | direction |", "|" + "---|" * 5]
     lines += [f"| {r['case']} | {r['run']} / {r['baseline']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
               f"{'right' if r['right'] else 'WRONG'} |" for r in rats]
-    text = "\n".join(lines + ["", published.summary(got, rats)]) + "\n"
+    text = "\n".join(lines + ["", scoring.summary(got, rats)]) + "\n"
     if pc.out:
         Path(pc.out).mkdir(parents=True, exist_ok=True)  # the user's directory; what goes in it never through a link
         records.write_file(Path(pc.out, "accuracy-published.md"), text)

@@ -1,8 +1,9 @@
 """Published measurements of real clusters as the planner's check (`python -m ringexp.plan accuracy cases=FILE`):
 a YAML of clusters written from the papers' hardware and of cases (a model, a batch, one GPU's measured step as
-the compute, and measured runs at several shapes and settings, every number with its source). Each run is
-predicted as `predict` would (the strategy's `step_cost` on that cluster and training config) and put beside its
-measurement; a run naming a `baseline` is also judged as a ratio: did the model see which of the two is faster.
+the compute, and measured runs at several shapes and settings, every number with its source). This module reads
+the file and checks it (`load`); scoring.py predicts each run as `predict` would (the strategy's `step_cost` on that
+cluster and training config) and puts it beside its measurement; a run naming a `baseline` is also judged as a
+ratio: did the model see which of the two is faster.
 
 The file, in short (ringexp/plan/published.yaml is the shipped one):
 
@@ -18,28 +19,23 @@ field is checked for its kind and range before anything is built (params at most
 train a list of overrides, a model timm knows); a run whose configuration Hydra or ringexp refuses is named with
 the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`."""
 
-import dataclasses
 import math
-import statistics
 
-import torch
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import parallel, records
+from ringexp import records
 from ringexp.cluster.schema import ClusterConfig
-from ringexp.config import NCCL_CHOICES, ModelConfig, nccl_list_error
+from ringexp.config import NCCL_CHOICES, nccl_list_error
 from ringexp.errors import ConfigError, one_line
-from ringexp.models import build_model, check_model
+from ringexp.models import check_model
 from ringexp.plotting import short
 from ringexp.records import yaml_text
-from ringexp.validate import compose_config
 
 CASE_KEYS = {"name": str, "source": str, "cluster": str, "batch": int, "compute": dict, "runs": list}
 RUN_KEYS = {"name": str, "nodes": int, "ranks_per_node": int, "source": str}
 MEASURES = ("step_s", "samples_s")  # what a run's measurement may be: seconds per optimizer step, or throughput
-# The ranges of a case's numbers, checked before anything is built: `params` is split into shapes of 4M (below,
+# The ranges of a case's numbers, checked before anything is built: `params` is split into shapes of 4M (scoring,
 # one entry each, and every run's cost walks them: 10^12 takes seconds a run, 10^15 took 5 GB before failing);
 # `batch` at most what the training schema's default data holds on each of 2 ranks (compose_config checks it);
 # a step of more than a day or a throughput of more than 10^9 samples/s is no measurement (1e308 made every
@@ -168,90 +164,3 @@ def number(d: dict, key: str, wrong, prefix: str) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 < v <= most):
         wrong(f"{prefix}{key}", "missing" if key not in d else f"{described(v)} must be a finite number > 0 and "
               f"at most {most:g}")
-
-
-def shapes_of(case: dict) -> list:
-    """The gradient shapes: the timm model's, built on the meta device (nothing allocated), or `params` split into
-    tensors of at most 4M parameters (a stand-in for a model timm lacks; DDP's buckets follow sizes only)."""
-    if "model" in case:
-        with torch.device("meta"):
-            model = build_model(ModelConfig(name=case["model"]), 1000)
-        return [p.shape for p in model.parameters() if p.requires_grad]
-    n, piece = int(case["params"]), 1 << 22
-    return [torch.Size([piece])] * (n // piece) + ([torch.Size([n % piece])] if n % piece else [])
-
-
-def predicted(path: str, clusters: dict, case: dict) -> list:
-    """Every run of `case` (of the file `path`) beside the model's prediction: [{case, run, measured, predicted,
-    error, unit, ...}]; ConfigError naming the file, the case, the run and its field where a run's configuration
-    is refused (an unknown preset or key in `train`, a shape the cluster cannot have)."""
-    shapes = shapes_of(case)
-    step = case["compute"]["step_s"]  # forward : backward = 1 : 2, as compare splits a run's compute
-    compute = {"forward_s": step / 3, "backward_s": 2 * step / 3, "optimizer_s": 0.0}
-    out = []
-    for run in case["runs"]:
-        got = run_cost(path, clusters, case, run, shapes, compute)
-        unit = "step_s" if "step_s" in run else "samples_s"
-        out.append({"case": case["name"], "run": run["name"], "unit": unit, "measured": run[unit],
-                    "predicted": got[unit], "error": got[unit] / run[unit] - 1, "input": bool(run.get("input")),
-                    "baseline": run.get("baseline"), "chosen": got.get("nccl", ""), "source": run["source"]})
-    return out
-
-
-def run_cost(path: str, clusters: dict, case: dict, run: dict, shapes: list, compute: dict) -> dict:
-    """parallel.step_cost of one run: its shape of the case's cluster, its training config (the case's env and
-    train, then the run's own train); ConfigError `cases=FILE: case NAME: run NAME: FIELD: WHY` where refused."""
-    wrong = refuser(path, 0, case)
-    label = f"run {ascii(short(run['name']))}"
-    try:
-        cl = dataclasses.replace(clusters[case["cluster"]], nodes=run["nodes"], ranks_per_node=run["ranks_per_node"])
-    except ConfigError as e:
-        wrong(f"{label}: nodes, ranks_per_node", str(e))
-    try:
-        return parallel.step_cost(cl, composed(case, run), shapes, compute)
-    except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
-        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
-        # the run's own overrides are named where the case's compose without them (asked only once refused)
-        field = f"{label}: train" if run.get("train") and composes(case, dict(run, train=[])) else "train"
-        wrong(field, short(one_line(str(e)) + cause, 400))
-
-
-def composed(case: dict, run: dict):
-    """The training config of a run: the case's env and train, then the run's own, at the case's batch."""
-    env = [f"+backend.env.{k}={v}" for k, v in (case.get("env") or {}).items()]
-    train = [*env, *case.get("train", []), *run.get("train", [])]
-    default = [] if any(a.startswith("+parallel=") for a in train) else ["+parallel=ddp"]
-    return compose_config([*default, f"data.batch_size={case['batch']}", *train], run["nodes"])
-
-
-def composes(case: dict, run: dict) -> bool:
-    try:
-        composed(case, run)
-    except (ValueError, HydraException, OmegaConfBaseException):
-        return False
-    return True
-
-
-def ratios(rows: list) -> list:
-    """[{case, run, baseline, measured, predicted, right}] for every run naming a baseline: variant over baseline,
-    measured and predicted, and whether the model sees the same one faster (step_s: lower; samples_s: higher)."""
-    by = {(r["case"], r["run"]): r for r in rows}
-    out = []
-    for r in rows:
-        if r["baseline"] is None:
-            continue
-        b = by[(r["case"], r["baseline"])]
-        m, p = r["measured"] / b["measured"], r["predicted"] / b["predicted"]
-        out.append({"case": r["case"], "run": r["run"], "baseline": r["baseline"], "unit": r["unit"],
-                    "measured": m, "predicted": p, "right": (m > 1) == (p > 1)})
-    return out
-
-
-def summary(rows: list, rats: list) -> str:
-    scored = sorted(abs(r["error"]) for r in rows if not r["input"])
-    right = sum(r["right"] for r in rats)
-    if not scored:
-        return f"no run scored: each is its case's compute (input: true); ratios right: {right} of {len(rats)}"
-    return (f"{len(scored)} published runs (not counting the {len(rows) - len(scored)} the compute came from): "
-            f"median |error| {statistics.median(scored):.1%}, worst {scored[-1]:.1%}, within 10%: "
-            f"{sum(e <= 0.10 for e in scored)}; ratio directions right: {right} of {len(rats)}")
