@@ -7,7 +7,8 @@ cd "$ROOT"
 ruff check .
 lint-imports --no-cache --no-logo
 set +e
-python -m pytest "$@"
+# two pytest workers (pytest-xdist): most tests wait on subprocesses; tests/conftest.py says what runs together
+python -m pytest -n 2 "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.

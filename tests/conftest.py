@@ -36,6 +36,37 @@ TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024
         "data.batch_size=16", "model.width=8", "optim.warmup_steps=2", "logger.log_every=1"]
 
 
+# How scripts/test.sh spreads the suite over its 2 pytest workers (pytest-xdist, -n 2). A unit of work is one test,
+# except where tests share something: a file whose fixtures are module- or session-scoped goes whole to one worker
+# (split, each worker would build them again), and test_cluster.py and test_slurm.py, which both start and stop
+# this machine's one Slurm (and apt-install it), are one unit, run one after the other. Units go out in the order
+# of LONGEST_FIRST (the files whose tests take longest on a 2-core machine, as measured for docs/results/README.md's
+# "the suite"), so that the last minutes are short tests filling in, not one long file on one worker.
+SHARED = {"test_cluster.py": "slurm", "test_slurm.py": "slurm", "test_compare.py": None, "test_completed.py": None,
+          "test_resume.py": None, "test_train.py": None}
+LONGEST_FIRST = ["test_cluster.py", "test_slurm.py", "test_resume.py", "test_hostile.py", "test_tune.py",
+                 "test_hostile_tune.py", "test_fuzz.py", "test_plan.py", "test_library.py", "test_faults.py",
+                 "test_hostile_run.py", "test_bench.py", "test_quality.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: a file's own order is kept)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            name = Path(path).name
+            return nodeid if name not in SHARED else SHARED[name] or path
+
+    config.option.loadscopereorder = False  # in collection order: LONGEST_FIRST's
+    return Units(config, log)
+
+
 def workers(fn, n: int, *args) -> dict:
     """fn(*args) in n real gloo workers through torch's elastic launch ({rank: return value}), forked from a
     forkserver that has imported this module: under a second each, against about 8 s to spawn fresh interpreters.
