@@ -54,6 +54,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: a file's own order is kept)
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest -p no:xdist: no such hook)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 

@@ -76,13 +76,19 @@ def test_nccl_s_choices_are_counted_from_its_log(tmp_path):
 
 
 @pytest.mark.slow
+def user_env() -> dict:
+    """This environment without NCCL's variables: only the test's own reach the run (pytest's process may hold
+    some a test before this one set)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+
+
 def test_a_sweep_records_what_every_worker_had_and_compare_shows_it(tmp_path):
     """Local workers: the user's NCCL_PROTO and NCCL_SOCKET_NTHREADS, and a preset that overrides one of them."""
     sweep = tmp_path / "sweep"
     env = {"NCCL_PROTO": "LL", "NCCL_SOCKET_NTHREADS": "3", "WANDB_SILENT": "true"}
     r = subprocess.run([sys.executable, "-m", "ringexp.train", "-m", *TINY, "logger=wandb",
                         "backend=default,nccl_ring_simple", f"hydra.sweep.dir={sweep}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env={**user_env(), **env})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ringexp: warning: backend.env: NCCL_ALGO, NCCL_PROTO: no effect on gloo (a CPU run)" in r.stderr
     plain, ring = (read_summary(sweep / str(i))["backend_env"] for i in range(2))

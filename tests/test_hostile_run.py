@@ -106,8 +106,9 @@ def test_backend_variables_naming_files_are_refused_unless_allowed(tmp_path, mon
         assert b.env == {key: "/tmp/victim"}
     # ringexp's own NCCL log (NCCL_DEBUG on, no NCCL_DEBUG_FILE): a fresh file of this worker's, made before NCCL
     # opens it, so that no link planted at a name known in advance is written through
-    monkeypatch.setenv("NCCL_DEBUG_FILE", "")
-    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "")
+    monkeypatch.setenv("NCCL_DEBUG_FILE", "")  # (set, so that the teardown takes away what backend.apply sets:
+    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "")  # a later test in this process would see NCCL_DEBUG=INFO)
+    monkeypatch.setenv("NCCL_DEBUG", "")
     got = backend.apply(BackendConfig("nccl_debug", {"NCCL_DEBUG": "INFO"}))
     log = Path(got["env"]["NCCL_DEBUG_FILE"])
     assert got["from"]["NCCL_DEBUG_FILE"] == "ringexp" and log.is_file() and not log.is_symlink()
