@@ -16,9 +16,10 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ringexp import backend, checkpoint, records, stop
+from ringexp import backend, checkpoint, metrics, records, stop
 from ringexp import dist as rdist
 from ringexp.config import Device
 from ringexp.errors import PeerLost, one_line, peer_lost, timed_out
@@ -73,6 +74,19 @@ def refused_elsewhere(wait_s: float = 60.0) -> None:
     sys.exit(2)
 
 
+def caller_name(depth: int = 2) -> str:
+    """torch's dynamic_rendezvous.get_method_name without inspect.stack(): that reads the source of every frame
+    and looks each up among all loaded modules (cpython#92041), about 0.1 s a call with torch loaded, and the
+    rendezvous names its caller in every event it records (about 1 s of CPU per launch on 2 cores)."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # a stack shallower than depth, as torch's own answer for it
+        return "no_method_name"
+
+
+dynamic_rendezvous.get_method_name = caller_name
+
+
 def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_method: str = "spawn") -> dict:
     """Run fn(*args) in `nproc` local workers through torch's elastic launch (the engine behind torchrun);
     returns {rank: return value}. fn must be importable (workers are spawned).
@@ -117,6 +131,8 @@ def launch(cfg, run_dir: Path, meta: dict):
     # run on 2 cores than spawning fresh interpreters. CUDA cannot survive a fork once this process has touched
     # it (validation asks the GPU what it supports), so GPU workers are spawned.
     cpu = cfg.launcher.device == Device.cpu
+    if cpu:
+        metrics.preload()
     return elastic(forked_worker if cpu else run_worker, cfg.launcher.nproc_per_node, cfg, str(run_dir), meta,
                    log_dir=run_dir / "workers", max_restarts=cfg.launcher.max_restarts,
                    start_method="fork" if cpu else "spawn")[0]

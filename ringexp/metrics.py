@@ -7,11 +7,16 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torchmetrics import MetricCollection
-from torchmetrics.classification import MultilabelAUROC, MultilabelF1Score
-from torchmetrics.utilities.distributed import gather_all_tensors
 
 from ringexp.errors import DataError
+
+# torchmetrics is imported where it is used: its package imports matplotlib, scipy.signal and torchvision with
+# torch's compiler, about 4 s of CPU that a command refused before training (most of a refusal's start-up) never
+# needs. A launcher that forks its workers calls preload() first, so that they share one import.
+
+
+def preload() -> None:
+    import torchmetrics  # noqa: F401
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -58,6 +63,8 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast, emp
     loss_count[2] = len(loader.dataset) - loss_count[1]  # dropped by data.skip_bad
     probs, targets = torch.cat(probs), torch.cat(targets)
     if dist.is_initialized() and dist.get_world_size() > 1:
+        from torchmetrics.utilities.distributed import gather_all_tensors
+
         dist.all_reduce(loss_count)
         probs, targets = torch.cat(gather_all_tensors(probs)), torch.cat(gather_all_tensors(targets))
     if loss_count[1] == 0:
@@ -72,6 +79,9 @@ def evaluate(model, loader, num_labels: int, device: torch.device, autocast, emp
 
 def quality(probs: torch.Tensor, targets: torch.Tensor, num_labels: int) -> dict:
     """Macro and micro AUROC and F1@0.5 of the whole set (already gathered: no synchronisation here)."""
+    from torchmetrics import MetricCollection
+    from torchmetrics.classification import MultilabelAUROC, MultilabelF1Score
+
     metrics = MetricCollection({
         "auroc_macro": MultilabelAUROC(num_labels, average="macro", sync_on_compute=False),
         "auroc_micro": MultilabelAUROC(num_labels, average="micro", sync_on_compute=False),

@@ -17,7 +17,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
 
 from ringexp import records
 
@@ -55,6 +54,14 @@ class Verdict:
         return asdict(self) | {"ci95": list(self.ci95), "ci90": list(self.ci90)}
 
 
+def scipy_stats():
+    """scipy.stats, imported on first use: about 1 s of CPU that every training command would otherwise pay
+    (Hydra loads the sweep's compare callback, and with it this module, for a single run too)."""
+    from scipy import stats
+
+    return stats
+
+
 def margin_error(margin) -> str:
     """Why `margin` cannot be an equivalence margin ('' when it can): one range for every program that takes one."""
     ok = type(margin) in (int, float) and 0 <= margin < 1  # (NaN fails both)
@@ -75,7 +82,7 @@ def t_interval(d: np.ndarray, level: float) -> tuple:
     """The t interval of the mean of `d` (scipy's; an exact point where every difference is the same)."""
     if np.ptp(d) == 0:
         return float(d[0]), float(d[0])
-    ci = stats.ttest_1samp(d, 0.0).confidence_interval(level)
+    ci = scipy_stats().ttest_1samp(d, 0.0).confidence_interval(level)
     return float(ci.low), float(ci.high)
 
 
@@ -96,7 +103,7 @@ def seeds_needed(d: np.ndarray, margin: float) -> int:
     (MAX_SEEDS + len(d) + 1 where none up to that does)."""
     room, sd = margin - abs(d.mean()), d.std(ddof=1)
     for n in range(2, MAX_SEEDS + len(d) + 1):
-        if stats.t.ppf(0.95, n - 1) * sd / np.sqrt(n) < room:
+        if scipy_stats().t.ppf(0.95, n - 1) * sd / np.sqrt(n) < room:
             return n
     return MAX_SEEDS + len(d) + 1
 
@@ -140,7 +147,7 @@ def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margi
         np.add.at(w, (np.arange(len(idx))[:, None], idx), 1)
         return macro(cand, labels, w) - macro(base, labels, w)
 
-    res = stats.bootstrap((np.arange(n),), diff, vectorized=True, paired=True, n_resamples=RESAMPLES,
+    res = scipy_stats().bootstrap((np.arange(n),), diff, vectorized=True, paired=True, n_resamples=RESAMPLES,
                           batch=100, confidence_level=0.95, method="percentile", rng=np.random.default_rng(0))
     dist = np.asarray(res.bootstrap_distribution)  # (2, RESAMPLES)
     point = diff(np.arange(n))[:, 0]
