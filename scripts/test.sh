@@ -6,8 +6,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"
 ruff check .
 lint-imports --no-cache --no-logo
+# Each test starts Pythons of its own: with bytecode cached, ringexp's modules are not compiled again in each
+unset PYTHONDONTWRITEBYTECODE
 set +e
-# two pytest workers (pytest-xdist): most tests wait on subprocesses; tests/conftest.py says what runs together
+# two pytest workers (pytest-xdist): most tests wait on subprocesses; tests/conftest.py says what runs together.
+# (A third on 2 cores took as long at 9d5c5b0's figures: 25:31 against 25-26 expected, and crowded a timing test.)
 python -m pytest -n 2 "$@"
 rc=$?
 set -e

@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests that run torch in pytest's own process do it on one thread: their figures do not depend on the machine.
 torch.set_num_threads(1)
 # A few seconds of training: tiny model and data, still 2 real gloo workers.
-# A row every step (logger.log_every=1), so that tests can follow the run step by step.
+# A row every step (logger.log_every=1), so that tests can follow the run step by step. No W&B (logger=none):
+# its offline run costs about 2.5 s of CPU a run; the tests of W&B's records say logger=wandb.
 TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024", "data.val_size=101",
-        "data.batch_size=16", "model.width=8", "optim.warmup_steps=2", "logger.log_every=1"]
+        "data.batch_size=16", "model.width=8", "optim.warmup_steps=2", "logger=none", "logger.log_every=1"]
 
 
 # How scripts/test.sh spreads the suite over its 2 pytest workers (pytest-xdist, -n 2). A unit of work is one test,

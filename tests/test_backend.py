@@ -75,13 +75,13 @@ def test_nccl_s_choices_are_counted_from_its_log(tmp_path):
     assert backend.total([{"RING/SIMPLE": 3, "TREE/LL": 1}, {"TREE/LL": 4}, {}]) == {"TREE/LL": 5, "RING/SIMPLE": 3}
 
 
-@pytest.mark.slow
 def user_env() -> dict:
     """This environment without NCCL's variables: only the test's own reach the run (pytest's process may hold
     some a test before this one set)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
 
 
+@pytest.mark.slow
 def test_a_sweep_records_what_every_worker_had_and_compare_shows_it(tmp_path):
     """Local workers: the user's NCCL_PROTO and NCCL_SOCKET_NTHREADS, and a preset that overrides one of them."""
     sweep = tmp_path / "sweep"

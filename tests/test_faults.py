@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, start_forkserver
 
 TIMEOUT_S = 20
 
@@ -46,7 +46,8 @@ def ring_member(rank: int, world: int, port: int, algorithm: str, results):
 
 @pytest.mark.parametrize("algorithm", ["ring", "hierarchical", "naive"])
 def test_killed_peer_is_an_error_not_a_hang(algorithm):
-    ctx = mp.get_context("spawn")
+    start_forkserver()  # members forked from a server that has torch loaded: not 4 fresh interpreters a case
+    ctx = mp.get_context("forkserver")
     results, world, port = ctx.Queue(), 4, free_port()
     procs = [ctx.Process(target=ring_member, args=(r, world, port, algorithm, results)) for r in range(world)]
     for p in procs:

@@ -119,6 +119,7 @@ def test_a_hook_state_saves_resumes_and_closes(tmp_path):
         assert buckets == 6, (rank, buckets)  # one bucket per step (the small CNN fits one)
 
 
+@pytest.mark.slow  # three torchrun jobs of ResNet-18
 def test_recipe_plain_ddp_script_with_ring_and_fp16(tmp_path):
     """examples/ddp_hook.py under torchrun, 2 gloo ranks, ResNet-18: the ring gives builtin DDP's parameters
     exactly; ring+fp16 close to them (fp16 on the wire, float32 sums)."""

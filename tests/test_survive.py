@@ -53,7 +53,7 @@ def test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_k
     run_dir = tmp_path / "run"
     # a W&B server that refuses connections, and a key it would not accept anyway
     env = {"WANDB_API_KEY": key, "WANDB_BASE_URL": "http://127.0.0.1:9"}
-    r = run_cli(run_dir, *TINY, "logger.mode=online", "logger.init_timeout_s=5", env=env)
+    r = run_cli(run_dir, *TINY, "logger=wandb", "logger.mode=online", "logger.init_timeout_s=5", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     warnings = [x for x in r.stderr.splitlines() if x.startswith("ringexp: warning:")]
     assert len(warnings) == 1 and "offline" in warnings[0], r.stderr

@@ -100,11 +100,12 @@ def run_in_harness(run_dir: Path, delay_s: float) -> dict:
 @pytest.mark.slow
 def test_a_slowed_collective_shows_as_exposed_communication(tmp_path):
     normal = run_in_harness(tmp_path / "normal", 0.0)
-    slowed = run_in_harness(tmp_path / "slowed", 0.04)
-    # 40 ms more per step, all of it after backward has handed over its only bucket
-    assert slowed["exposed_comm_s"] > normal["exposed_comm_s"] + 0.03, (normal, slowed)
-    assert slowed["comm_s"] > normal["comm_s"] + 0.03, (normal, slowed)
-    assert slowed["step_s"] > normal["step_s"] + 0.03
+    slowed = run_in_harness(tmp_path / "slowed", 0.1)
+    # 100 ms more per step, all of it after backward has handed over its only bucket; with other tests beside it
+    # on 2 cores a step's compute varies by tens of ms, so the step's own growth is asked for at 60 ms
+    assert slowed["exposed_comm_s"] > normal["exposed_comm_s"] + 0.08, (normal, slowed)
+    assert slowed["comm_s"] > normal["comm_s"] + 0.08, (normal, slowed)
+    assert slowed["step_s"] > normal["step_s"] + 0.06, (normal, slowed)
 
 
 
@@ -138,7 +139,8 @@ def test_the_step_clock_waits_for_the_device_only_on_logged_steps(tmp_path):
 
 @pytest.mark.slow
 def test_profiler_writes_a_trace_with_communication_events(tmp_path):
-    r = run_cli(tmp_path, *TINY, "profile.enabled=true", "profile.start_step=3", "profile.steps=2", "profile.top=5")
+    r = run_cli(tmp_path, *TINY, "logger=wandb", "profile.enabled=true", "profile.start_step=3", "profile.steps=2",
+                "profile.top=5")
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_summary(tmp_path)
     assert s["profile"]["steps"] == [3, 4] and len(s["profile"]["top_ops"]) == 5

@@ -24,7 +24,7 @@ def default_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("default") / "run"
     from conftest import TINY
 
-    r = run_cli(run_dir, *[o for o in TINY if not o.startswith("steps")], "steps=20", "name=e2e")
+    r = run_cli(run_dir, *[o for o in TINY if not o.startswith("steps")], "steps=20", "name=e2e", "logger=wandb")
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
