@@ -1,22 +1,22 @@
 """What a torch.distributed.checkpoint (DCP) checkpoint may make torch run or read, in one place: checked before
 anything of it is loaded (`problem`: FSDPStrategy.verify, called by ringexp.checkpoint.damage beside its own checks
-of the files), and held to while it loads (`SafeReader`, `SafePlanner`: FSDPStrategy.load).
+of the files), and held to while it loads (`load`: FSDPStrategy.load).
 
 torch's own reader unpickles `.metadata` with plain pickle.load and its own planner unpickles a non-tensor item with
 weights_only=False: a checkpoint from someone else could run any code on resume. Here `.metadata` is read by a
 restricted unpickler (METADATA_CLASSES), every file it refers to must be a plain file of the checkpoint, and every
 non-tensor item must load as plain values (torch.load with weights_only=True).
+
+torch.distributed.checkpoint is imported on first use, not with this module: with the DTensor and sympy it brings,
+about a second of every command's start-up, and only an FSDP run's save or resume needs it.
 """
 
+import functools
 import io
 import pickle
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, StorageMeta
 
 from ringexp import records
 from ringexp.errors import CheckpointError, one_line
@@ -36,8 +36,10 @@ def problem(path) -> str | None:
     holding anything but DCP's own classes, a file it refers to that is not one of this checkpoint's, a stream
     transform (ringexp writes none: a decompressor could be made to exhaust memory), a non-tensor item that is not
     plain values."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
     try:
-        metadata = SafeReader(path).read_metadata()
+        metadata = read_metadata(Path(path) / ".metadata")
     except CheckpointError as e:
         return str(e).removeprefix(f"{Path(path)}/")
     names = {p.name for p in Path(path).iterdir()}
@@ -55,6 +57,8 @@ def problem(path) -> str | None:
 def plain_items(path: Path, metadata) -> str | None:
     """A non-tensor item (an optimizer's learning rate, its betas) that holds more than plain values, as 'file:
     why', or None: DCP's own planner unpickles them with weights_only=False."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
     for fqn, item in metadata.state_dict_metadata.items():
         if not isinstance(item, BytesStorageMetadata):
             continue
@@ -71,25 +75,37 @@ def plain_items(path: Path, metadata) -> str | None:
     return None
 
 
-class SafeReader(FileSystemReader):
-    """DCP's file reader, but `.metadata` is read by a restricted unpickler: torch's own reads it with plain
-    pickle.load, so a checkpoint from someone else could run any code on resume. Tensors are read by torch with
-    weights_only=True; other items by SafePlanner."""
+def load(state: dict, path) -> None:
+    """dcp.load of `state` from `path`, held to what `problem` checked: `.metadata` read by the restricted
+    unpickler, tensors by torch with weights_only=True, other items as plain values."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    def read_metadata(self, *args, **kwargs) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        try:
-            with records.open_regular(path) as f:
-                metadata = _MetadataUnpickler(f).load()
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, RecursionError) as e:
-            why = e if isinstance(e, pickle.UnpicklingError) else f"unreadable ({type(e).__name__}: {e})"
-            raise CheckpointError(f"{path}: {why}") from None
-        if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
-            raise CheckpointError(f"{path}: not a checkpoint's metadata (it holds {type(metadata).__name__})")
-        if getattr(metadata, "storage_meta", None) is None:  # as torch's read_metadata does
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+    reader, planner = _loaders()
+    try:
+        dcp.load(state, storage_reader=reader(path), planner=planner())
+    except CheckpointException as e:  # (a BaseException: it would pass through `except Exception`)
+        raise CheckpointError(f"resume: {path}: the shards cannot be loaded ({one_line(str(e))}); resume from "
+                              "another checkpoint (resume=PATH)") from None
+
+
+def read_metadata(path: Path, load_id=None):
+    """A DCP checkpoint's `.metadata` at `path`, read by the restricted unpickler (torch's own reader uses plain
+    pickle.load, so a checkpoint from someone else could run any code on resume)."""
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    try:
+        with records.open_regular(path) as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, RecursionError) as e:
+        why = e if isinstance(e, pickle.UnpicklingError) else f"unreadable ({type(e).__name__}: {e})"
+        raise CheckpointError(f"{path}: {why}") from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise CheckpointError(f"{path}: not a checkpoint's metadata (it holds {type(metadata).__name__})")
+    if getattr(metadata, "storage_meta", None) is None:  # as torch's read_metadata does
+        metadata.storage_meta = StorageMeta()
+    metadata.storage_meta.load_id = load_id
+    return metadata
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -101,13 +117,24 @@ class _MetadataUnpickler(pickle.Unpickler):
                                      "never holds (it could run code); this checkpoint is not one ringexp wrote")
 
 
-class SafePlanner(DefaultLoadPlanner):
-    """DCP's load planner, but a non-tensor item is unpickled with weights_only=True (torch's own planner uses
-    weights_only=False: a planted byte item would run code on resume)."""
+@functools.cache
+def _loaders() -> tuple:
+    """(reader class, planner class): DCP's file reader, reading `.metadata` with read_metadata, and its load
+    planner, unpickling a non-tensor item with weights_only=True (torch's own uses weights_only=False: a planted
+    byte item would run code on resume). Built on first use, as DCP is imported."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
 
-    def load_bytes(self, read_item, value) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            return read_metadata(self._get_metadata_path(kwargs.get("rank")), self.load_id)
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value) -> None:
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeReader, SafePlanner

@@ -4,7 +4,6 @@ import math
 from functools import partial
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from ringexp.config import OptimName
 
@@ -30,8 +29,11 @@ def fused_ok(model, name: OptimName = OptimName.adamw) -> bool:
     FSDP2's sharded parameters (DTensors) torch has a sharding rule for fused AdamW but none for fused SGD
     (aten._fused_sgd_ raises NotImplementedError in the workers): SGD then takes torch's default."""
     params = list(model.parameters())
-    if name == OptimName.sgd and any(isinstance(p, DTensor) for p in params):
-        return False
+    if name == OptimName.sgd:
+        from torch.distributed.tensor import DTensor  # (here: a second of start-up for every command)
+
+        if any(isinstance(p, DTensor) for p in params):
+            return False
     return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 

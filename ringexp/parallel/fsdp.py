@@ -8,24 +8,21 @@ in the `amp` dtype, gradients reduced in the dtype of a cast compressor (fp16/bf
 On CPU the mesh must be a CPU mesh (a default one picks CUDA where a GPU exists, and gloo then crashes:
 pytorch#132471), and gloo has no reduce-scatter of its own: it all-reduces the whole buffer and keeps its
 slice (pytorch#118911), so FSDP sends about twice the gradient bytes it would on NCCL.
+
+torch.distributed.fsdp and torch.distributed.checkpoint are imported where they are used: with the DTensor and
+sympy they bring, about a second of CPU that every command would pay at start-up (the planner, compare and the
+tune use this strategy's cost model; most runs are not FSDP).
 """
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ringexp import dcp_safety
 from ringexp.cluster import costmodel, nccl
 from ringexp.comm import ring
 from ringexp.compress.cast import WIRE_DTYPES
 from ringexp.config import AMP_DTYPES, AmpMode
-from ringexp.errors import CheckpointError, ConfigError, one_line
+from ringexp.errors import ConfigError
 from ringexp.parallel.base import Strategy
 
 
@@ -67,6 +64,8 @@ class FSDPStrategy(Strategy):
         ranks (else ranks skip different steps and their scales drift apart)."""
         if self.cfg.amp.mode != AmpMode.fp16:
             return super().grad_scaler()
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
         return ShardedGradScaler(self.env.device.type)
 
     @staticmethod
@@ -113,6 +112,9 @@ class FSDPStrategy(Strategy):
         return ", ".join(tips[:-1]) + " or " + tips[-1] if len(tips) > 1 else tips[0]
 
     def save(self, path, model, opt) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=path)
 
@@ -122,13 +124,11 @@ class FSDPStrategy(Strategy):
         return dcp_safety.problem(path)
 
     def load(self, path, model, opt) -> None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optimizer": osd}
-        try:
-            dcp.load(state, storage_reader=dcp_safety.SafeReader(path), planner=dcp_safety.SafePlanner())
-        except CheckpointException as e:  # (a BaseException: it would pass through `except Exception`)
-            raise CheckpointError(f"resume: {path}: the shards cannot be loaded ({one_line(str(e))}); resume from "
-                                  "another checkpoint (resume=PATH)") from None
+        dcp_safety.load(state, path)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -145,6 +145,10 @@ def blocks(model: nn.Module) -> list:
 
 def shard(model, cfg, device, world_size: int, timer=None):
     """fully_shard every block (and every batch norm, under mixed precision), then the root; returns the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
     p = cfg.parallel
     model = model.to(device)
     mesh = init_device_mesh(device.type, (world_size,))
@@ -171,35 +175,26 @@ def shard(model, cfg, device, world_size: int, timer=None):
             b.set_modules_to_backward_prefetch(block_units[max(0, i - p.backward_prefetch):i][::-1])
     if timer is not None:
         for unit in [*units, root]:  # (a unit without parameters of its own has no collectives to wrap)
-            unit.set_custom_all_gather(TimedAllGather(timer))
-            unit.set_custom_reduce_scatter(TimedReduceScatter(timer))
+            unit.set_custom_all_gather(Timed(timer, DefaultAllGather()))
+            unit.set_custom_reduce_scatter(Timed(timer, DefaultReduceScatter()))
     return root
 
 
-class TimedAllGather(DefaultAllGather):
-    """FSDP's own all-gather, reported to the step's CommTimer (blocking when FSDP waits for it in place)."""
+class Timed:
+    """FSDP's own all-gather or reduce-scatter (`comm`), reported to the step's CommTimer (blocking when FSDP waits
+    for it in place). FSDP calls it with keywords and asks it for its buffers (`allocate`)."""
 
-    def __init__(self, timer):
-        self.timer = timer
+    def __init__(self, timer, comm):
+        self.timer, self.comm = timer, comm
 
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        return _timed(self.timer, super().__call__, output_tensor, input_tensor, group, async_op=async_op)
+    def allocate(self, *args, **kwargs):
+        return self.comm.allocate(*args, **kwargs)
 
-
-class TimedReduceScatter(DefaultReduceScatter):
-    def __init__(self, timer):
-        self.timer = timer
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        return _timed(self.timer, super().__call__, output_tensor, input_tensor, group, op, async_op=async_op)
-
-
-def _timed(timer, call, *args, async_op):
-    span = timer.start()
-    work = call(*args, async_op=async_op)
-    if work is None:
-        timer.end(span, blocking=True)
-    else:
-        work.get_future().then(lambda _: timer.end(span))
-    return work
-
+    def __call__(self, **kwargs):
+        span = self.timer.start()
+        work = self.comm(**kwargs)
+        if work is None:
+            self.timer.end(span, blocking=True)
+        else:
+            work.get_future().then(lambda _: self.timer.end(span))
+        return work
