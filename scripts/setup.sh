@@ -14,7 +14,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing torch and ringexp into $VENV (a few minutes the first time; log: $VENV/setup.log)" >&2
-  pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
+  # --no-compile: pip would byte-compile every file of torch's CUDA build (about 40 s of 90 on 2 cores); Python
+  # compiles the modules a command imports on first use and caches them.
+  pip=("$VENV/bin/pip" install -q --disable-pip-version-check --no-compile)
   # torch first, pinned: these builds are on the local disk; an unpinned torch would download gigabytes.
   if ! { "${pip[@]}" torch==2.14.1 torchvision==0.29.1 && "${pip[@]}" -e "$ROOT[dev,slurm,lightning]"; } \
       > "$VENV/setup.log" 2>&1; then
