@@ -27,3 +27,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
+# Bytecode cached (pip installed none): with PYTHONDONTWRITEBYTECODE set, every command would compile torch's
+# modules again (seconds each), and a test suite starts hundreds of them.
+unset PYTHONDONTWRITEBYTECODE

@@ -6,8 +6,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"
 ruff check .
 lint-imports --no-cache --no-logo
-# Each test starts Pythons of its own: with bytecode cached, ringexp's modules are not compiled again in each
-unset PYTHONDONTWRITEBYTECODE
 set +e
 # two pytest workers (pytest-xdist): most tests wait on subprocesses; tests/conftest.py says what runs together.
 # (A third did not shorten it: the tests' processes keep both cores about 90% busy already.)
