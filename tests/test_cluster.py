@@ -158,7 +158,7 @@ def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(
     """ip link down on node 1's veth mid-run: every rank on both nodes exits within parallel.timeout_s + 30 s with
     one line naming who stopped answering, no process is left, and resume=auto finishes from the last checkpoint."""
     run = tmp_path / "run"
-    args = ["-m", "ringexp.train", *TINY, "steps=60", "eval_every=1000", "checkpoint.every_steps=5",
+    args = ["-m", "ringexp.train", *TINY, "steps=20", "eval_every=1000", "checkpoint.every_steps=5",
             "parallel.timeout_s=10", "logger=none", f"hydra.run.dir={run}"]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     proc = subprocess.Popen([SCRIPT, "torchrun", "--nproc-per-node", "2", "--", *args], cwd=ROOT, env=env,
@@ -195,7 +195,7 @@ def test_a_killed_slurm_task_stops_every_rank_naming_it_and_resume_finishes(two_
     each with one line naming rank 3; the sweep reports the job as failed (no traceback: submitit learns from
     sacct that the task ended) and ends; no process is left; resume=auto finishes the job through Slurm."""
     sweep = tmp_path / "sweep"
-    args = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=60", "eval_every=1000", "logger=none",
+    args = [sys.executable, "-m", "ringexp.train", "-m", *TINY, "steps=20", "eval_every=1000", "logger=none",
             "checkpoint.every_steps=5", "parallel.timeout_s=10", "+parallel=ddp", "hydra/launcher=slurm",
             "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}"]
     env = slurm_env()
