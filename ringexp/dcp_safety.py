@@ -7,8 +7,7 @@ weights_only=False: a checkpoint from someone else could run any code on resume.
 restricted unpickler (METADATA_CLASSES), every file it refers to must be a plain file of the checkpoint, and every
 non-tensor item must load as plain values (torch.load with weights_only=True).
 
-torch.distributed.checkpoint is imported on first use, not with this module: with the DTensor and sympy it brings,
-about a second of every command's start-up, and only an FSDP run's save or resume needs it.
+torch.distributed.checkpoint is imported on first use, for the reason parallel/fsdp.py gives.
 """
 
 import functools
