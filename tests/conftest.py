@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import zygote
 from PIL import Image
 
 from ringexp import records, train
@@ -94,11 +95,13 @@ def start_forkserver():
 
 def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeout: int = 300, env=None,
             prefix=()) -> subprocess.CompletedProcess:
-    cmd = [*prefix] if prefix else [sys.executable, "-m", module]
-    cmd += [*overrides, f"hydra.run.dir={run_dir}"]
+    args = [*overrides, f"hydra.run.dir={run_dir}"]
     e = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     e.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
+    if module == zygote.MODULE and not prefix and not env and not zygote.fresh():  # (env: some is read on import)
+        return zygote.run(ROOT, args, ROOT, e, timeout)
+    cmd = [*prefix] if prefix else [sys.executable, "-m", module]
+    return subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
 
 
 read_summary = records.read_summary
@@ -205,12 +208,16 @@ KILL_CASES = [("ring+wandb", "rank0", True), ("ring_fp16", "job", True), ("ddp_t
               ("hierarchical", "rank1", False), ("fsdp", "rank1", True)]
 
 
-def start(run_dir, *overrides):
+def start(run_dir, *overrides, fresh=False):
+    """The run started in its own session (Popen's, or zygote.Forked's: forked from a warm interpreter unless
+    `fresh`), its stdout and stderr piped."""
     env = {**os.environ, "WANDB_SILENT": "true"}
     env.pop("HYDRA_FULL_ERROR", None)
-    cmd = [sys.executable, "-m", "ringexp.train", *overrides, f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    args = [*overrides, f"hydra.run.dir={run_dir}"]
+    if not (fresh or zygote.fresh()):
+        return zygote.Forked(ROOT, args, ROOT, env)
+    return subprocess.Popen([sys.executable, "-m", zygote.MODULE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def descendants(pid: int) -> set:

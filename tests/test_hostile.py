@@ -231,7 +231,7 @@ def stopped(proc, sig, to_group=True, timeout=60):
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path, moment):
     """While Python imports torch (it takes seconds), and once the launcher starts the workers (config.yaml is
     written just before)."""
-    proc = start(tmp_path / "run", *RUN)
+    proc = start(tmp_path / "run", *RUN, fresh=moment == "importing")  # (a forked run has imported already)
     if moment == "importing":
         time.sleep(1.0)
     else:

@@ -81,6 +81,21 @@ def test_amp_runs_finish_on_cpu(amp, tmp_path, tiny):
 
 
 @pytest.mark.slow
+def test_a_run_forked_from_the_warm_interpreter_trains_as_a_fresh_one(tmp_path, tiny, monkeypatch):
+    """Most of the suite's runs are forked from tests/zygote.py's warm interpreter: the same losses, final metrics
+    and bytes on the wire, bit for bit, as a fresh `python -m ringexp.train`."""
+    forked = run_cli(tmp_path / "forked", *tiny, "+parallel=ring_fp16")
+    monkeypatch.setenv("RINGEXP_TEST_FRESH", "1")
+    fresh = run_cli(tmp_path / "fresh", *tiny, "+parallel=ring_fp16")
+    assert forked.returncode == fresh.returncode == 0, forked.stderr[-3000:] + fresh.stderr[-3000:]
+    runs = [(tmp_path / name) for name in ("forked", "fresh")]
+    rows = [[(r["step"], r["train/loss"], r["comm/wire_bytes_per_rank"]) for r in read_rows(d)] for d in runs]
+    assert rows[0] == rows[1] and len(rows[0]) == 12, rows
+    final = [read_summary(d)["final"] for d in runs]
+    assert final[0] == final[1] and final[0]["auroc_macro"] is not None, final
+
+
+@pytest.mark.slow
 def test_single_process_baseline(tmp_path, tiny):
     r = run_cli(tmp_path / "run", *tiny, "+parallel=single", "accumulation=x2", "logger.mode=disabled")
     assert r.returncode == 0, r.stderr[-3000:]
