@@ -203,7 +203,7 @@ KILL_AFTER = 8
 EXIT_WITHIN_S = 60
 # (preset, what is killed, resume afterwards): exactness for ddp, ring, ring_fp16 and top-k with error feedback,
 # and FSDP's distributed checkpoint; a dying rank for ddp, ring, hierarchical and fsdp.
-# (plain DDP's kill is ddp_topk's without the compressor state: that case covers it, and CI's 30 minutes are tight)
+# (plain DDP's kill is ddp_topk's without the compressor state: that case covers it)
 KILL_CASES = [("ring+wandb", "rank0", True), ("ring_fp16", "job", True), ("ddp_topk", "rank1", True),
               ("hierarchical", "rank1", False), ("fsdp", "rank1", True)]
 
