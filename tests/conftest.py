@@ -95,13 +95,18 @@ def start_forkserver():
 
 def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeout: int = 300, env=None,
             prefix=()) -> subprocess.CompletedProcess:
-    args = [*overrides, f"hydra.run.dir={run_dir}"]
-    e = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
-    e.pop("HYDRA_FULL_ERROR", None)
+    args, e = [*overrides, f"hydra.run.dir={run_dir}"], cli_env(env)
     if module == zygote.MODULE and not prefix and not env and not zygote.fresh():  # (env: some is read on import)
-        return zygote.run(ROOT, args, ROOT, e, timeout)
+        return zygote.run(args, e, timeout)
     cmd = [*prefix] if prefix else [sys.executable, "-m", module]
     return subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def cli_env(extra=None) -> dict:
+    """A command's environment: this one, W&B quiet, tracebacks left to ringexp (no HYDRA_FULL_ERROR)."""
+    env = {**os.environ, "WANDB_SILENT": "true", **(extra or {})}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
 
 
 read_summary = records.read_summary
@@ -211,11 +216,9 @@ KILL_CASES = [("ring+wandb", "rank0", True), ("ring_fp16", "job", True), ("ddp_t
 def start(run_dir, *overrides, fresh=False):
     """The run started in its own session (Popen's, or zygote.Forked's: forked from a warm interpreter unless
     `fresh`), its stdout and stderr piped."""
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    args = [*overrides, f"hydra.run.dir={run_dir}"]
+    args, env = [*overrides, f"hydra.run.dir={run_dir}"], cli_env()
     if not (fresh or zygote.fresh()):
-        return zygote.Forked(ROOT, args, ROOT, env)
+        return zygote.Forked(args, env)
     return subprocess.Popen([sys.executable, "-m", zygote.MODULE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 MODULE = "ringexp.train"
+ROOT = Path(__file__).resolve().parent.parent
 _server = None
 
 
@@ -54,6 +55,7 @@ def serve(path: str):
             if ready is sys.stdin:
                 if not os.read(0, 1):
                     os.unlink(path)
+                    os.rmdir(os.path.dirname(path))
                     sys.exit(0)
             elif ready is listener:
                 conn, _ = listener.accept()
@@ -87,7 +89,6 @@ def become(request: dict, fds: list) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     module = request["module"]
     sys.modules.pop(module, None)  # run afresh as __main__, as `python -m` does (no copy imported before)
     sys.argv = [module, *request["args"]]
@@ -100,11 +101,11 @@ def fresh() -> bool:
     return os.environ.get("RINGEXP_TEST_FRESH") == "1"
 
 
-def server(root: Path):
+def server():
     global _server
     if _server is None or _server.poll() is not None:
-        path = tempfile.mktemp(prefix="ringexp-zygote-", suffix=".sock")
-        _server = subprocess.Popen([sys.executable, __file__, path], cwd=root, stdin=subprocess.PIPE,
+        path = os.path.join(tempfile.mkdtemp(prefix="ringexp-zygote-"), "socket")
+        _server = subprocess.Popen([sys.executable, __file__, path], cwd=ROOT, stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE)
         assert _server.stdout.readline() == b"ready\n", "the warm interpreter did not start"
         _server.path = path
@@ -114,13 +115,13 @@ def server(root: Path):
 class Forked:
     """The part of subprocess.Popen(text=True, stdout=PIPE, stderr=PIPE) the tests use, for a forked child."""
 
-    def __init__(self, root: Path, args: list, cwd, env: dict):
+    def __init__(self, args: list, env: dict):
         self.args, self.returncode = [sys.executable, "-m", MODULE, *args], None
         out, err = os.pipe(), os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.conn.connect(server(root).path)
-        request = {"module": MODULE, "args": list(args), "cwd": str(cwd), "env": dict(env)}
+        self.conn.connect(server().path)
+        request = {"module": MODULE, "args": list(args), "cwd": str(ROOT), "env": dict(env)}
         socket.send_fds(self.conn, [json.dumps(request).encode()], [null, out[1], err[1]])
         for fd in (null, out[1], err[1]):
             os.close(fd)
@@ -144,9 +145,8 @@ class Forked:
     def communicate(self, timeout=None):
         """stdout and stderr to their end (every process holding them has exited), then the exit code."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        left = lambda: None if deadline is None else max(0.001, deadline - time.monotonic())  # noqa: E731
         while self.open:
-            ready = select.select(list(self.open), [], [], left())[0]
+            ready = select.select(list(self.open), [], [], remaining(deadline))[0]
             if not ready and deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             for fd in ready:
@@ -156,7 +156,7 @@ class Forked:
                 else:
                     os.close(fd)
                     self.open.discard(fd)
-        self.wait(left())
+        self.wait(remaining(deadline))
         return self.text(self.stdout), self.text(self.stderr)
 
     def text(self, fd: int) -> str:
@@ -172,9 +172,13 @@ class Forked:
                 os.kill(self.pid, sig)
 
 
-def run(root: Path, args: list, cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """subprocess.run(capture_output=True, text=True, timeout=...) of `python -m ringexp.train args`, forked."""
-    proc = Forked(root, args, cwd, env)
+def remaining(deadline):
+    return None if deadline is None else max(0.001, deadline - time.monotonic())
+
+
+def run(args: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True, timeout=...) of `python -m ringexp.train args` in ROOT, forked."""
+    proc = Forked(args, env)
     try:
         out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:
