@@ -4,13 +4,22 @@
                                                 paired difference and two one-sided tests (TOST) against +-margin
     validation_set(a, b, labels, margin)        one run per side: a paired bootstrap over the validation samples of
                                                 the difference in macro-AUROC and macro-F1 (scipy.stats.bootstrap)
-    decide(diff, ci95, ci90, margin)            the verdict both end in (VERDICTS)
+    decide(diff, ci95, ci_eq, margin)           the verdict both end in (VERDICTS)
+    task_of(cfg, world_size)                    what a verdict was measured on (a record holds it: the planner uses a
+                                                verdict only for the same task)
     read_record(path)                           quality.json (compare.groups' Report.write), every verdict checked
 
-Equivalent means the 90% interval lies inside (-margin, +margin): both one-sided tests reject at 5% (Schuirmann's
-TOST). Otherwise a 95% interval wholly below (above) zero is *worse* (*better*); an observed difference as large as
-the margin is *not equivalent* (more seeds would narrow the interval around it, not move it inside); what is left
-is *inconclusive*, with the number of seeds that would make the 90% interval fit at the observed spread.
+Equivalent means the equivalence interval, at level 1 - 2 alpha (90% at alpha = 5%), lies inside (-margin, +margin):
+both one-sided tests reject at alpha (Schuirmann's TOST). A program that takes the first equivalent of k candidates
+tests each at alpha / k (the tune: Bonferroni over its verification slots) and so widens that interval. Otherwise
+a 95% interval wholly below (above) zero is *worse* (*better*); an observed difference as large as the margin is
+*not equivalent* (more seeds would narrow the interval around it, not move it inside); what is left is
+*inconclusive*, with the number of seeds that would make the interval fit at the observed spread. A point interval
+(every seed's difference the same) decides only an exact zero: it says nothing of the seeds' spread.
+
+One seed is an indication, never a decision: a validation-set verdict measures the validation samples' noise and
+leaves out the seed-to-seed variance (on the slow-link story's records 5-30x wider), so it is *decisive* only with
+MIN_SEEDS paired seeds; the tune, the planner and compare's quality column act on decisive verdicts only.
 """
 
 import math
@@ -19,6 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ringexp import records
+from ringexp.config import plain
 
 VERDICTS = ("equivalent", "better", "worse", "not equivalent", "inconclusive")
 MAX_SEEDS = 100  # beyond this many seeds per side the inconclusive verdict says "more than"
@@ -26,32 +36,58 @@ MARGIN = 0.02  # the equivalence margin in macro-AUROC (and macro-F1) by default
 RESAMPLES = 2000  # bootstrap resamples: the percentile interval's ends move by < 0.002 AUROC between seeds of it
 FILE = "quality.json"  # the verdicts' record: compare's seed groups write it (Report.write), the planner reads it
 SLACK = 1e-9  # a difference may lie this far past its interval's end: the mean of equal floats is off by an ulp
+ALPHA = 0.05  # each one-sided test's level: the equivalence interval is the 90% one
+MIN_SEEDS = 2  # paired seeds a decision needs (the t interval over seeds is exact from 2 under normal differences)
+INDICATIVE = "one seed (indicative)"  # what a verdict on fewer seeds is called wherever a decision would be shown
+FORMAT = 2  # quality.json's format: 2 records the task and, per verdict, its seeds and its equivalence level
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """`diff`: candidate minus baseline (mean over shared seeds, or on the validation set); `ci95`, `ci90`: its
-    intervals; `test`: which test and on what; `more_seeds`: inconclusive only, the seeds to add per side."""
+    """`diff`: candidate minus baseline (mean over shared seeds, or on the validation set); `ci95`: its two-sided
+    95% interval (worse, better); `ci_eq`: the equivalence interval, at `level`; `test`: which test and on what;
+    `seeds`: the paired seeds (1 or 0: one run each, on the validation set); `more_seeds`: inconclusive only, the
+    seeds to add per side."""
 
     word: str
     diff: float
     ci95: tuple
-    ci90: tuple
+    ci_eq: tuple
     margin: float
     test: str
+    seeds: int
+    level: float = 1 - 2 * ALPHA
     more_seeds: int | None = None
 
+    @property
+    def decisive(self) -> bool:
+        return self.seeds >= MIN_SEEDS
+
+    def label(self) -> str:
+        """The word a decision may act on: the verdict's own, or INDICATIVE on fewer than MIN_SEEDS seeds."""
+        return self.word if self.decisive else INDICATIVE
+
+    def decided_on(self) -> tuple:
+        """(interval, level) the word was decided on: the 95% one for worse and better, else the equivalence one."""
+        return (self.ci95, 0.95) if self.word in ("worse", "better") else (self.ci_eq, self.level)
+
+    def interval_text(self) -> str:
+        """e.g. '90% [-0.004, +0.010]': the interval the word was decided on, with its level."""
+        (lo, hi), level = self.decided_on()
+        return f"{level:.1%}".replace(".0%", "%") + f" [{lo:+.3f}, {hi:+.3f}]"
+
     def text(self) -> str:
-        """e.g. 'equivalent: +0.003 [-0.004, +0.010] (3 paired seeds)'."""
+        """e.g. 'equivalent: +0.003, 90% [-0.004, +0.010] (3 paired seeds)'."""
         word = self.word
         if word == "inconclusive":
             more = f"more than {MAX_SEEDS}" if self.more_seeds is None else f"about {self.more_seeds}"
             word = f"inconclusive: {more} more seed{'' if self.more_seeds == 1 else 's'} would decide it"
-        lo, hi = self.ci95
-        return f"{word}: {self.diff:+.3f} [{lo:+.3f}, {hi:+.3f}] ({self.test})"
+        if not self.decisive:
+            word = f"{INDICATIVE}, {word}"
+        return f"{word}: {self.diff:+.3f}, {self.interval_text()} ({self.test})"
 
     def record(self) -> dict:
-        return asdict(self) | {"ci95": list(self.ci95), "ci90": list(self.ci90)}
+        return asdict(self) | {"ci95": list(self.ci95), "ci_eq": list(self.ci_eq)}
 
 
 def scipy_stats():
@@ -68,8 +104,16 @@ def margin_error(margin) -> str:
     return "" if ok else f"must be in [0, 1) (macro-AUROC), e.g. {MARGIN}"
 
 
-def decide(diff: float, ci95: tuple, ci90: tuple, margin: float) -> str:
-    if -margin < ci90[0] and ci90[1] < margin:
+def level_error(alpha) -> str:
+    """Why `alpha` cannot be an error level ('' when it can): one range for every program that takes one."""
+    ok = type(alpha) in (int, float) and 0 < alpha < 0.5  # (NaN fails both)
+    return "" if ok else f"must be in (0, 0.5), e.g. {ALPHA} (the chance of calling a harmful change equivalent)"
+
+
+def decide(diff: float, ci95: tuple, ci_eq: tuple, margin: float) -> str:
+    if ci_eq[0] == ci_eq[1] and diff != 0:
+        return "inconclusive"  # every seed's difference the same: their spread is unknown, not zero
+    if -margin < ci_eq[0] and ci_eq[1] < margin:
         return "equivalent"
     if ci95[1] < 0:
         return "worse"
@@ -79,33 +123,45 @@ def decide(diff: float, ci95: tuple, ci90: tuple, margin: float) -> str:
 
 
 def t_interval(d: np.ndarray, level: float) -> tuple:
-    """The t interval of the mean of `d` (scipy's; an exact point where every difference is the same)."""
+    """The t interval of the mean of `d` (what scipy's ttest_1samp(d).confidence_interval(level) gives, at a
+    twentieth of its cost: the tune's error simulation computes tens of thousands; an exact point where every
+    difference is the same)."""
     if np.ptp(d) == 0:
         return float(d[0]), float(d[0])
-    ci = scipy_stats().ttest_1samp(d, 0.0).confidence_interval(level)
-    return float(ci.low), float(ci.high)
+    half = scipy_stats().t.ppf((1 + level) / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(d.mean() - half), float(d.mean() + half)
 
 
-def paired_seeds(diffs, margin: float) -> Verdict:
-    """The verdict on the paired differences (candidate - baseline) of runs with the same seeds (two or more)."""
+def paired_seeds(diffs, margin: float, alpha: float = ALPHA) -> Verdict:
+    """The verdict on the paired differences (candidate - baseline) of runs with the same seeds (two or more), each
+    one-sided test at `alpha`."""
     d = np.asarray(diffs, dtype=float)
-    if len(d) < 2:
-        raise ValueError("a paired test over seeds needs at least 2 shared seeds")
-    ci95, ci90 = t_interval(d, 0.95), t_interval(d, 0.90)
-    word = decide(float(d.mean()), ci95, ci90, margin)
-    more = seeds_needed(d, margin) - len(d) if word == "inconclusive" else None
-    return Verdict(word, float(d.mean()), ci95, ci90, margin, f"{len(d)} paired seeds",
+    if len(d) < MIN_SEEDS:
+        raise ValueError(f"a paired test over seeds needs at least {MIN_SEEDS} shared seeds")
+    ci95, ci_eq = t_interval(d, 0.95), t_interval(d, 1 - 2 * alpha)
+    word = decide(float(d.mean()), ci95, ci_eq, margin)
+    more = seeds_needed(d, margin, alpha) - len(d) if word == "inconclusive" else None
+    return Verdict(word, float(d.mean()), ci95, ci_eq, margin, f"{len(d)} paired seeds", len(d), 1 - 2 * alpha,
                    None if more is None or more > MAX_SEEDS else max(more, 1))
 
 
-def seeds_needed(d: np.ndarray, margin: float) -> int:
-    """The fewest seeds n whose 90% t interval at the observed mean and standard deviation lies inside the margin
-    (MAX_SEEDS + len(d) + 1 where none up to that does)."""
+def seeds_needed(d: np.ndarray, margin: float, alpha: float = ALPHA) -> int:
+    """The fewest seeds n whose 1 - 2 alpha t interval at the observed mean and standard deviation lies inside the
+    margin (MAX_SEEDS + len(d) + 1 where none up to that does)."""
     room, sd = margin - abs(d.mean()), d.std(ddof=1)
-    for n in range(2, MAX_SEEDS + len(d) + 1):
-        if scipy_stats().t.ppf(0.95, n - 1) * sd / np.sqrt(n) < room:
-            return n
-    return MAX_SEEDS + len(d) + 1
+    n = np.arange(2, MAX_SEEDS + len(d) + 1)
+    fits = scipy_stats().t.ppf(1 - alpha, n - 1) * sd / np.sqrt(n) < room  # (one call: a loop costs 100 of them)
+    return int(n[fits][0]) if fits.any() else MAX_SEEDS + len(d) + 1
+
+
+def task_of(cfg, world_size: int) -> dict:
+    """What a verdict was measured on: the model, the data (but how it is loaded), the optimizer, and the samples
+    of training and between evaluations (so that a candidate with accumulation, fewer steps of more samples each,
+    is on its baseline's task). Two runs are of one task when these are equal."""
+    batch = cfg.data.batch_size * cfg.accumulation.steps * world_size
+    data = {k: v for k, v in plain(cfg.data).items() if k not in ("num_workers", "skip_bad")}
+    return {"model": plain(cfg.model), "data": data, "optim": plain(cfg.optim), "world_size": world_size,
+            "samples": cfg.steps * batch, "eval_every_samples": cfg.eval_every * batch}
 
 
 def macro(probs: np.ndarray, labels: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -133,10 +189,12 @@ def macro(probs: np.ndarray, labels: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.stack([np.nanmean(np.stack(auroc), axis=0), np.mean(np.stack(f1), axis=0)])
 
 
-def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margin: float, what: str) -> list:
+def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margin: float, what: str,
+                   seeds: int = 1) -> list:
     """[macro-AUROC verdict, macro-F1 verdict] of one candidate run against one baseline run scored on the same
     validation samples: the percentile intervals of a paired bootstrap over the samples (both models resampled
-    alike). It measures the validation set's noise only, not the seeds': `what` names the runs in the verdict."""
+    alike). It measures the validation set's noise only, not the seeds': `what` names the runs in the verdict, and
+    `seeds` (1: the same seed, 0: none shared) makes it an indication, never a decision."""
     labels = labels.astype(bool)
 
     n = len(labels)
@@ -154,9 +212,9 @@ def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margi
     out = []
     for i in range(2):
         ci95 = tuple(float(x) for x in np.nanquantile(dist[i], [0.025, 0.975]))
-        ci90 = tuple(float(x) for x in np.nanquantile(dist[i], [0.05, 0.95]))
-        out.append(Verdict(decide(float(point[i]), ci95, ci90, margin), float(point[i]), ci95, ci90, margin,
-                           f"validation-set bootstrap, {what}"))
+        ci_eq = tuple(float(x) for x in np.nanquantile(dist[i], [ALPHA, 1 - ALPHA]))
+        out.append(Verdict(decide(float(point[i]), ci95, ci_eq, margin), float(point[i]), ci95, ci_eq, margin,
+                           f"validation-set bootstrap, {what}", min(seeds, 1)))
     return out
 
 
@@ -176,6 +234,11 @@ def record_error(doc) -> str:
     group's and each of its verdicts' (verdict_error), then exactly one baseline group."""
     if not isinstance(doc, dict):
         return f"holds {_kind(doc)}, not a record of verdicts (an object with margin, metric and groups)"
+    if doc.get("format") != FORMAT:
+        return (f"format is {_kind(doc.get('format'))}, not {FORMAT}: a record of an unknown format (an older one has "
+                "no task); run compare on the seed sweep again to write it")
+    if doc.get("task") is not None and not isinstance(doc["task"], dict):
+        return f"task is {_kind(doc['task'])}, not the task the verdicts were measured on (an object) or null"
     if not _margin(doc.get("margin")):
         return f"margin is {_kind(doc.get('margin'))}, not a number in [0, 1)"
     if not isinstance(doc.get("metric"), str):
@@ -207,15 +270,20 @@ def group_error(g) -> str:
 
 def verdict_error(v) -> str:
     """What makes `v` no Verdict.record() whose numbers hold together ('' when nothing does): finite numbers, each
-    interval [low, high] with low <= high, the difference inside both, the 95% interval holding the 90% one, and
-    the word the one decide() gives from those numbers (a reversed interval would otherwise read as equivalent)."""
+    interval [low, high] with low <= high, the difference inside both, the wider of the 95% and the equivalence
+    interval holding the other, and the word the one decide() gives from those numbers (a reversed interval would
+    otherwise read as equivalent)."""
     if not isinstance(v, dict):
         return f"{_kind(v)}, not a verdict (an object)"
     if v.get("word") not in VERDICTS:
         return f"word is {_kind(v.get('word'))}, not one of {', '.join(VERDICTS)}"
     if not _number(v.get("diff")):
         return f"diff is {_kind(v.get('diff'))}, not a finite number"
-    for key, level in (("ci95", "95%"), ("ci90", "90%")):
+    if not (_number(v.get("level")) and 0 < v["level"] < 1):
+        return f"level is {_kind(v.get('level'))}, not the equivalence interval's confidence level in (0, 1)"
+    if not (type(v.get("seeds")) is int and v["seeds"] >= 0):
+        return f"seeds is {_kind(v.get('seeds'))}, not a count of paired seeds >= 0"
+    for key, level in (("ci95", "95%"), ("ci_eq", "equivalence")):
         ci = v.get(key)
         if not (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))):
             return f"{key} is {_kind(ci)}, not a {level} interval [low, high] of finite numbers"
@@ -223,10 +291,11 @@ def verdict_error(v) -> str:
             return f"the {level} interval [{ci[0]:+.3f}, {ci[1]:+.3f}] is reversed (its low end above its high end)"
         if not ci[0] - SLACK <= v["diff"] <= ci[1] + SLACK:
             return f"the difference {v['diff']:+.3f} lies outside its {level} interval [{ci[0]:+.3f}, {ci[1]:+.3f}]"
-    (lo95, hi95), (lo90, hi90) = v["ci95"], v["ci90"]
-    if lo95 > lo90 + SLACK or hi90 > hi95 + SLACK:
-        return (f"the 95% interval [{lo95:+.3f}, {hi95:+.3f}] does not hold the 90% one [{lo90:+.3f}, "
-                f"{hi90:+.3f}]")
+    (lo95, hi95), (lo90, hi90) = v["ci95"], v["ci_eq"]
+    (a, b), (c, d) = ((lo95, hi95), (lo90, hi90)) if v["level"] <= 0.95 else ((lo90, hi90), (lo95, hi95))
+    if a > c + SLACK or d > b + SLACK:
+        return (f"the 95% interval [{lo95:+.3f}, {hi95:+.3f}] and the {v['level']:.1%} one [{lo90:+.3f}, "
+                f"{hi90:+.3f}] are not nested as their levels say")
     if not _margin(v.get("margin")):
         return f"margin is {_kind(v.get('margin'))}, not a number in [0, 1)"
     if not isinstance(v.get("test"), str):
@@ -234,8 +303,8 @@ def verdict_error(v) -> str:
     more = v.get("more_seeds")
     if more is not None and not (type(more) is int and more >= 1):
         return f"more_seeds is {_kind(more)}, not a count >= 1 or null"
-    word = decide(v["diff"], tuple(v["ci95"]), tuple(v["ci90"]), v["margin"])
-    return "" if word == v["word"] else (f"says {v['word']}, but its numbers ({v['diff']:+.3f}, 90% interval "
+    word = decide(v["diff"], tuple(v["ci95"]), tuple(v["ci_eq"]), v["margin"])
+    return "" if word == v["word"] else (f"says {v['word']}, but its numbers ({v['diff']:+.3f}, equivalence interval "
                                          f"[{lo90:+.3f}, {hi90:+.3f}], margin {v['margin']:g}) are {word}")
 
 

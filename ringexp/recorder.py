@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ringexp import comm, records, timing
+from ringexp import comm, quality, records, timing
 from ringexp import dist as rdist
 from ringexp.config import plain
 from ringexp.metrics import median, peak_memory_bytes, spread
@@ -200,7 +200,8 @@ class Recorder:
         """summary.json (W&B gets the same): its sections in order, each from one part below. What readers rely on
         (its schema, ringexp.summary) and the keys of a real run's summary (tests/test_records.py) stay fixed."""
         steady, warmup = self.steady()
-        return (self.identity() | self.placement() | self.workload() | speed(steady, warmup, self.global_batch)
+        return (self.identity() | self.placement() | self.workload()
+                | speed(steady, warmup, self.global_batch, self.cfg.steps * self.global_batch, self.train_s)
                 | outcome(self.history, self.evals) | {"targets": reached(self.evals, self.cfg.eval.targets,
                                                                        self.global_batch)}
                 # medians over the steady steps; ringexp.timing says how each part is measured
@@ -225,7 +226,7 @@ class Recorder:
     def workload(self) -> dict:
         cfg = self.cfg
         return {"steps": cfg.steps, "global_batch_size": self.global_batch,
-                "accumulation_steps": cfg.accumulation.steps}
+                "accumulation_steps": cfg.accumulation.steps, "task": quality.task_of(cfg, self.env.world_size)}
 
     def wire_section(self) -> dict:
         """Bytes per step: the gradients', what one rank sends and what that counts, and the compression's ratio:
@@ -235,11 +236,14 @@ class Recorder:
                 "compression": {"name": self.cfg.compression.name, "ratio_vs_fp32_allreduce": self.wire_ratio}}
 
 
-def speed(steady: list, warmup: int, global_batch: int) -> dict:
+def speed(steady: list, warmup: int, global_batch: int, samples: int, train_s: float) -> dict:
     """Median and spread of global samples/s and of step time over the steady intervals between rows (`warmup`
-    steps left out)."""
+    steps left out), and the whole run's samples over its training seconds: the headline of a configuration that
+    changes phase (PowerSGD's uncompressed first steps count there, not in the median)."""
     times = [iv["step_s"] for iv in steady]
-    return {"throughput": spread([global_batch / t for t in times]) | {"warmup_steps_excluded": warmup},
+    whole = samples / train_s if train_s > 0 else None
+    return {"throughput": spread([global_batch / t for t in times]) | {"warmup_steps_excluded": warmup,
+                                                                         "whole_run": whole, "train_s": train_s},
             "step_time_s": spread(times)}
 
 

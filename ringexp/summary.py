@@ -52,7 +52,8 @@ def _target(t) -> bool:
 
 EVERY_RUN = {"status": "text", "error": "text", "overrides": "a list of text"}
 COMPLETED = {
-    "throughput": "a mapping", **{f"throughput.{k}": "a number >= 0" for k in ("median", "p10", "p90")},
+    "throughput": "a mapping", **{f"throughput.{k}": "a number >= 0" for k in ("median", "p10", "p90",
+                                                                                 "whole_run", "train_s")},
     "final": "a mapping", "final.auroc_macro": "a number >= 0", "final.f1_macro": "a number >= 0",
     "best": "a mapping", "best.auroc_macro": "a number >= 0", "best.f1_macro": "a number >= 0",
     "targets": "a list of targets",
@@ -61,6 +62,7 @@ COMPLETED = {
                                               "optimizer_s", "overlap")},
     "memory": "a mapping", "memory.peak_bytes": "a number >= 0", "peak_memory_bytes": "a number >= 0",
     "wire_bytes_per_rank_per_step": "a number >= 0", "world_size": "a count >= 1", "job_type": "text",
+    "task": "a mapping",  # quality.task_of: what a quality verdict on this run was measured on
     "nodes": "a count >= 1", "ranks_per_node": "a count >= 1", "link": "text", "backend_env": "a backend record",
 }
 REQUIRED = {"status", "throughput", "final", "best"}

@@ -25,6 +25,8 @@ def test_the_paired_interval_is_the_t_interval_and_covers_a_known_difference():
     half = stats.t.ppf(0.975, 4) * d.std(ddof=1) / math.sqrt(5)
     v = quality.paired_seeds(d, 0.02)
     assert v.ci95 == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-9) and v.test == "5 paired seeds"
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.90)
+    assert v.ci_eq == pytest.approx((ci.low, ci.high), rel=1e-9) and v.level == pytest.approx(0.90)
     rng = np.random.default_rng(0)
     covered = sum(lo <= 0.01 <= hi for lo, hi in (quality.paired_seeds(rng.normal(0.01, 0.01, 5), 0.02).ci95
                                                   for _ in range(400)))
@@ -58,7 +60,7 @@ def test_an_inconclusive_verdict_names_the_seeds_that_would_decide_it():
     n = 3 + v.more_seeds
     assert quality.paired_seeds(0.005 + 0.012 * standard(n), 0.02).word == "equivalent"
     assert quality.paired_seeds(0.005 + 0.012 * standard(n - 1), 0.02).word == "inconclusive"
-    assert quality.paired_seeds([0.01, 0.01, 0.01], 0.02).word == "equivalent"  # no spread: the point itself
+    assert quality.paired_seeds([0.01, 0.01, 0.01], 0.02).word == "inconclusive"  # no spread: none measured
     with pytest.raises(ValueError, match="2 shared seeds"):
         quality.paired_seeds([0.01], 0.02)
 
@@ -123,5 +125,30 @@ def test_on_real_runs_a_harmful_config_is_worse_and_fp16_on_the_wire_is_equivale
         got = {r["group"]: r for r in csv.DictReader(f)}
     fp16, harmful = got["+parallel=ddp_fp16"], got[" ".join(PRESETS["harmful"])]
     assert got["+parallel=ddp"]["quality"] == "baseline", printed
-    assert fp16["quality"] == "equivalent" and harmful["quality"] == "worse", printed
+    assert fp16["quality"] == harmful["quality"] == quality.INDICATIVE, printed  # one seed: no decision
+    assert fp16["final AUROC verdict"].startswith(f"{quality.INDICATIVE}, equivalent:"), printed
+    assert harmful["final AUROC verdict"].startswith(f"{quality.INDICATIVE}, worse:"), printed
     assert "tested on the validation set" in printed and "validation-set bootstrap" in harmful["final AUROC verdict"]
+
+
+def test_identical_differences_decide_only_an_exact_zero():
+    """Two seeds with the same non-zero difference have no spread to measure: inconclusive, never a zero-width
+    equivalent; the same zero difference on every seed (the same arithmetic) is equivalent."""
+    same = quality.paired_seeds([0.004, 0.004], 0.02)
+    assert same.word == "inconclusive" and same.ci_eq == (0.004, 0.004), same
+    assert quality.verdict_error(same.record()) == ""
+    assert quality.paired_seeds([0.0, 0.0, 0.0], 0.02).word == "equivalent"
+
+
+def test_a_smaller_alpha_widens_the_equivalence_interval_and_can_turn_equivalent_into_inconclusive():
+    d = np.array([0.003, -0.004, 0.009])
+    plain, strict = quality.paired_seeds(d, 0.02), quality.paired_seeds(d, 0.02, alpha=0.05 / 6)
+    assert plain.word == "equivalent" and strict.word == "inconclusive", (plain, strict)
+    assert strict.level == pytest.approx(1 - 2 * 0.05 / 6) and strict.ci_eq[0] < plain.ci_eq[0]
+    assert "98.3% [" in strict.text() and quality.verdict_error(strict.record()) == ""
+
+
+def test_one_seed_is_an_indication_never_a_decision():
+    v = quality.Verdict("worse", -0.03, (-0.04, -0.02), (-0.038, -0.022), 0.02, "validation-set bootstrap", 1)
+    assert not v.decisive and v.label() == quality.INDICATIVE and v.text().startswith(quality.INDICATIVE)
+    assert quality.paired_seeds([0.001, 0.002], 0.02).decisive

@@ -46,7 +46,8 @@ def typed(kind: str, *keys: str) -> dict:
 
 SPREAD = ("median", "p10", "p90", "min", "max")
 METRICS = ("auroc_macro", "auroc_micro", "f1_macro", "f1_micro", "loss")
-OPEN = {"choices", "overrides", "backend_env", "versions"}  # their keys are the run's: only their own type is fixed
+# their keys are the run's: only their own type is fixed
+OPEN = {"choices", "overrides", "backend_env", "versions", "task"}
 # Recorder.summary's part of a real 2-worker run of TINY (tests/conftest.py), as written before summary() was built
 # from parts: a dotted key lies inside the mapping before it.
 SUMMARY_SHAPE = {
@@ -56,6 +57,7 @@ SUMMARY_SHAPE = {
     **typed("int", "steps", "global_batch_size", "accumulation_steps"),
     "throughput": "dict", **typed("float", *(f"throughput.{k}" for k in SPREAD)),
     **typed("int", "throughput.n", "throughput.warmup_steps_excluded"),
+    **typed("float", "throughput.whole_run", "throughput.train_s"), "task": "dict",
     "step_time_s": "dict", **typed("float", *(f"step_time_s.{k}" for k in SPREAD)), "step_time_s.n": "int",
     "loss": "dict", "loss.first": "float", "loss.last": "float",
     **{k: v for part in ("final", "best") for k, v in
@@ -126,6 +128,12 @@ def test_a_runs_summary_keeps_its_keys_and_types(tmp_path):
     assert written == summary  # what the sinks (W&B) got is what summary.json holds
     assert shape(written) == SUMMARY_SHAPE
     assert written["world_size"] == 2 and written["best"]["step"] == 6 and written["val_samples"] == 101
+    # the whole run: every step's samples over the training seconds (evaluations left out, the first steps in)
+    tp = written["throughput"]
+    assert tp["whole_run"] == pytest.approx(written["steps"] * written["global_batch_size"] / tp["train_s"])
+    assert tp["train_s"] == records.read_rows(tmp_path)[-1]["train/train_s"]
+    assert 0 < tp["train_s"] < written["wall_time_s"]
+    assert written["task"]["samples"] == written["steps"] * written["global_batch_size"]
     # targets: per eval.targets level the first evaluation at or above it (0.8 at step 6, not 12 where it is
     # reached again; 0.9 never), its samples seen, and its training seconds, which leave the evaluations out and
     # so are less than the wall seconds; val_scores.pt keeps the final (step 12) and the best (step 6) scores

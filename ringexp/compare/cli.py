@@ -13,13 +13,14 @@ written into its directory (`SweepReport`, a Hydra callback), so the numbers are
 
 Seed groups (ringexp.compare.groups; always where a group has several seeds, else with `--groups`): the completed
 runs whose overrides are the same but for `seed=` (a run without one has the schema's default seed), one row each
-with the mean and sample standard deviation over its runs, the speed-up of its mean throughput and its time to each
-eval.targets macro-AUROC against the group holding the baseline row, and its quality verdict against that group
-(ringexp.quality: *equivalent*, *better*, *worse*, *not equivalent* or *inconclusive*, with the 95% interval of the
-difference; `--quality-budget`, by default ringexp.quality.MARGIN, is the margin): over the seeds both share when
-they share two or more, else on the validation set from one run of each. The table goes into compare.md, its numbers
-into groups.csv and the verdicts into quality.json (what the planner's `predict` reads); with `--wandb` each run's
-verdict goes into its W&B summary too.
+with the mean and sample standard deviation over its runs, the speed-up of its mean whole-run throughput and its
+time to each eval.targets macro-AUROC against the group holding the baseline row (a ratio only where every seed
+reached it), and its quality verdict against that group (ringexp.quality: *equivalent*, *better*, *worse*, *not
+equivalent* or *inconclusive*, with the interval it was decided on; `--quality-budget`, by default
+ringexp.quality.MARGIN, is the margin): over the seeds both share when they share two or more, else on the
+validation set from one run of each, which is labelled *one seed (indicative)*: it leaves out the seeds' variance.
+The table goes into compare.md, its numbers into groups.csv and the verdicts into quality.json (what the planner's
+`predict` reads); with `--wandb` each run's verdict goes into its W&B summary too.
 `--fastest CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with
 the highest mean throughput, for a shell script to use; it writes nothing.
 
@@ -94,8 +95,9 @@ def to_wandb(judged) -> None:
         head = row["_verdicts"].get(seeds.QUALITY[0])
         keys = {"quality/verdict": row["quality"], "quality/group": row["group"]}
         if head is not None:
-            keys |= {"quality/diff": head.diff, "quality/ci95_low": head.ci95[0], "quality/ci95_high": head.ci95[1],
-                     "quality/margin": head.margin, "quality/test": head.test}
+            (lo, hi), level = head.decided_on()
+            keys |= {"quality/diff": head.diff, "quality/ci_low": lo, "quality/ci_high": hi, "quality/ci_level": level,
+                     "quality/margin": head.margin, "quality/test": head.test, "quality/seeds": head.seeds}
         for run in row["_runs"]:
             if "api" in run:
                 run["api"].summary.update(keys)
@@ -119,8 +121,9 @@ EPILOG = ("Seed groups judge each group against the baseline's on final macro-AU
           "best F1): equivalent (the 90% interval of the difference within +-margin: two one-sided tests), worse or "
           "better (the 95% interval below or above 0), not equivalent (a difference as large as the margin), or "
           "inconclusive (with the seeds that would decide it); paired over shared seeds, else a bootstrap over the "
-          "validation set. 'to T s': training seconds to the first evaluation at macro-AUROC T (eval.targets), "
-          "'to T x' the baseline's over it. docs/sweeps.md")
+          "validation set, which is one seed's indication, never a decision. 'to T s': training seconds to the first "
+          "evaluation at macro-AUROC T (eval.targets), 'to T x' the baseline's over it where every seed reached T "
+          "(else 'k/n reached'). docs/sweeps.md")
 
 
 class Parser(argparse.ArgumentParser):

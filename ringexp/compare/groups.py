@@ -2,8 +2,9 @@
 baseline's group.
 
     seed_groups(runs)                     the groups, in the order of each one's first run
-    judge(group, base, margin)            {metric: Verdict} on QUALITY, from the seeds both share (two or more:
-                                          paired over seeds), else from one run each on the validation set
+    judge(group, base, margin, alpha)     {metric: Verdict} on QUALITY, from the seeds both share (two or more:
+                                          paired over seeds), else from one run each on the validation set (an
+                                          indication only: quality.Verdict.decisive); none across two tasks
     report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
                                           write() makes groups.csv and quality.json (what the planner reads)
 
@@ -13,7 +14,13 @@ are the ones the run's summary.json records; else the group gets no verdict and 
 
 Time to target is the training seconds (steps only: evaluation and checkpoints left out) to the first evaluation at
 or above each eval.targets level, from each run's summary `targets`; a group's is the mean over the seeds that
-reached it, and its ratio is the baseline group's mean over it (above 1: reached sooner).
+reached it. Its ratio (the baseline group's mean over it; above 1: reached sooner) is given only where every seed
+of both groups reached the target: a mean over the seeds that got there would leave out the ones that did not
+(censored), so otherwise the cell says how many of how many reached it and there is no ratio.
+
+A group's speed-up is over the whole run (samples over training seconds, `throughput.whole_run`), where every run
+recorded it: a configuration that changes phase (PowerSGD's uncompressed first steps) is as fast as its whole run,
+not its fastest intervals; the median over intervals stays beside it.
 """
 
 import csv
@@ -34,13 +41,16 @@ from ringexp.summary import is_text
 
 # What a seed group averages: its column, and where a completed run's summary holds it
 # (ringexp.summary.COMPLETED checks it).
-GROUP_METRICS = {"samples/s": "throughput.median", "final AUROC": "final.auroc_macro",
-                 "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro", "best F1": "best.f1_macro"}
+GROUP_METRICS = {"samples/s": "throughput.median", "whole run": "throughput.whole_run",
+                 "final AUROC": "final.auroc_macro", "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro",
+                 "best F1": "best.f1_macro"}
 QUALITY = ("final AUROC", "best AUROC", "final F1", "best F1")  # judged against the baseline; the first is the headline
-HEAD = ["group", "seeds", "seed values", "samples/s", "speed-up", "final AUROC", "AUROC vs baseline", "quality",
-        "95% interval", "best AUROC", "final F1"]
-SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); speed-up, "
-          "AUROC vs baseline and time-to-target ratios compare the means; time to target in training seconds")
+HEAD = ["group", "seeds", "seed values", "samples/s", "whole run", "speed-up", "final AUROC", "AUROC vs baseline",
+        "quality", "interval", "best AUROC", "final F1"]
+SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); samples/s: the "
+          "median over logged intervals, whole run: samples over training seconds; speed-up (whole run), AUROC vs "
+          "baseline and time-to-target ratios compare the means; time to target in training seconds, its ratio only "
+          "where every seed of both groups reached it; interval: the one the verdict was decided on, with its level")
 DEFAULT_SEED = str(next(f.default for f in fields(TrainConfig) if f.name == "seed"))  # a run without seed=
 QUALITY_FILE = quality.FILE  # (its format is Report.write's; quality.read_record is its one reader)
 AGREE = 1e-4  # how far a metric recomputed from val_scores.pt may lie from the summary's: both are torchmetrics'
@@ -122,24 +132,33 @@ def group_of(groups, run) -> int | None:
     return next((i for i, g in enumerate(groups) if any(r is run for r in g.runs)), None)
 
 
-def judge(group: Group, base: Group, margin: float) -> tuple:
+def judge(group: Group, base: Group, margin: float, alpha: float = quality.ALPHA) -> tuple:
     """({metric of QUALITY: Verdict or None}, a note or None) of `group` against `base`: paired over the seeds
-    both have when they share two or more, else on the validation set from one run of each (the note says so)."""
+    both have when they share two or more (each one-sided test at `alpha`), else on the validation set from one
+    run of each (the note says so: an indication, never a decision). Runs of two tasks get no verdict."""
+    if (other := task(group)) != (ours := task(base)) and None not in (other, ours):
+        return dict.fromkeys(QUALITY), "another task than the baseline's (quality.task_of differs): no verdict"
     shared = [s for s in dict.fromkeys(group.seeds) if s in base.seeds]
     mine, theirs = group.by_seed(), base.by_seed()
-    if len(shared) >= 2:
+    if len(shared) >= quality.MIN_SEEDS:
         out = {}
         for m in QUALITY:
             d = [a - b for s in shared if None not in (a := value(mine[s], m), b := value(theirs[s], m))]
-            out[m] = quality.paired_seeds(d, margin) if len(d) >= 2 else None
+            out[m] = quality.paired_seeds(d, margin, alpha) if len(d) >= quality.MIN_SEEDS else None
         return out, None
     seed, other = (shared[0], shared[0]) if shared else (group.seeds[0], base.seeds[0])
     why = f"one shared seed ({seed})" if shared else f"no seed shared with the baseline (seed {seed} against {other})"
-    verdicts, missing = on_validation_set(mine[seed], theirs[other], margin, f"seed {seed} vs {other}")
-    return verdicts, f"{why}: tested on the validation set" + (f" ({missing})" if missing else "")
+    verdicts, missing = on_validation_set(mine[seed], theirs[other], margin, f"seed {seed} vs {other}", len(shared))
+    return verdicts, (f"{why}: tested on the validation set, an indication only (it leaves out the seeds' "
+                      "variance)" + (f" ({missing})" if missing else ""))
 
 
-def on_validation_set(run: dict, base: dict, margin: float, what: str) -> tuple:
+def task(group: Group):
+    """The task the group's first run recorded (summary `task`; None for a run from before it was recorded)."""
+    return group.runs[0]["summary"].get("task")
+
+
+def on_validation_set(run: dict, base: dict, margin: float, what: str, seeds: int) -> tuple:
     """({metric: Verdict or None}, what was missing or '') from the two runs' val_scores.pt: the final scores for
     the final metrics, the best ones for the best metrics where they are those of the summary's best step. Scores
     that do not give the macro-AUROC and F1 their run's summary records (a file replaced, or copied from another
@@ -161,7 +180,7 @@ def on_validation_set(run: dict, base: dict, margin: float, what: str) -> tuple:
         if when == "best" and not all(best_is_kept(r, got) for r, got in ((run, mine), (base, theirs))):
             continue  # (a resumed run whose kept best came from the attempt it redid)
         auroc, f1 = quality.validation_set(mine[when]["probs"].numpy(), theirs[when]["probs"].numpy(), labels,
-                                           margin, what)
+                                           margin, what, seeds)
         out[f"{when} AUROC"], out[f"{when} F1"] = auroc, f1
     return out, ""
 
@@ -213,6 +232,7 @@ class Report:
     targets: list
     base: int | None
     margin: float
+    task: dict | None = None  # the baseline's (quality.task_of), which every verdict is on
 
     def head(self) -> list:
         return HEAD + [k for t in self.targets for k in (f"to {t:g} s", f"to {t:g} x")]
@@ -234,7 +254,8 @@ class Report:
         buf = io.StringIO()
         csv.writer(buf).writerows([head] + [[r.get(k) for k in head] for r in self.rows])
         records.write_file(out / "groups.csv", buf.getvalue())
-        records.write_json(out / QUALITY_FILE, {"margin": self.margin, "metric": QUALITY[0], "groups": [
+        records.write_json(out / QUALITY_FILE, {"format": quality.FORMAT, "task": self.task, "margin": self.margin,
+                                                "metric": QUALITY[0], "groups": [
             {"group": r["group"], "baseline": i == self.base, "overrides": r["_overrides"], "choices": r["_choices"],
              "seeds": r["seed values"].split(), "samples_s": r["samples/s"], "speed_up": r["speed-up"],
              "verdicts": {m: v and v.record() for m, v in r["_verdicts"].items()}, "note": r["_note"]}
@@ -247,28 +268,32 @@ def cell(row: dict, key: str) -> str:
         if got is None:
             return "-" if row.get(f"{key} recorded") == 0 else "not reached"
         sd, n, of = row.get(f"{key} sd"), row[f"{key} reached"], row[f"{key} recorded"]
-        return fmt(key, got) + ("" if sd is None else f" ± {fmt(key, sd)}") + ("" if n == of else f" ({n}/{of})")
+        if n < of:
+            return f"{n}/{of} reached"  # (a mean over the seeds that got there would leave out those that did not)
+        return fmt(key, got) + ("" if sd is None else f" ± {fmt(key, sd)}")
     sd = row.get(f"{key} sd")
     return fmt(key, row.get(key)) + ("" if sd is None else f" ± {fmt(key, sd)}")
 
 
-def report(groups: list, base: int | None, margin: float) -> Report:
+def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA) -> Report:
     targets = sorted({t["auroc"] for g in groups for r in g.runs for t in r["summary"].get("targets") or []})
     rows = [summary_row(g, targets) for g in groups]
     ref = rows[base] if base is not None else {}
-    lines = [f"Quality against the baseline ({groups[base].label}): difference with its 95% interval; equivalent "
-             f"when the 90% interval lies within ±{margin:g} (two one-sided tests):"] if base is not None else []
+    lines = [f"Quality against the baseline ({groups[base].label}): difference with the interval it was decided "
+             f"on; equivalent when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g} (two one-sided tests at "
+             f"{alpha:.2%}), worse or better when the 95% one lies below or above 0; one seed is an indication, "
+             "never a decision:"] if base is not None else []
     for i, (g, row) in enumerate(zip(groups, rows, strict=True)):
         ratios(row, ref, targets)
-        verdicts, note = judge(g, groups[base], margin) if base is not None and i != base else ({}, None)
+        verdicts, note = judge(g, groups[base], margin, alpha) if base is not None and i != base else ({}, None)
         head = verdicts.get(QUALITY[0])
-        row |= {"quality": "baseline" if i == base else (head.word if head else None),
-                "95% interval": head and f"[{head.ci95[0]:+.3f}, {head.ci95[1]:+.3f}]", "_verdicts": verdicts,
+        row |= {"quality": "baseline" if i == base else (head.label() if head else None),
+                "interval": head and head.interval_text(), "_verdicts": verdicts,
                 "_note": note} | {f"{m} verdict": v and v.text() for m, v in verdicts.items()}
         if i != base and base is not None:
             said = "; ".join(f"{m} {v.text()}" for m, v in verdicts.items() if v) or "no verdict"
             lines.append(f"- `{g.label}`: {said}" + (f". Note: {note}" if note else ""))
-    return Report(rows, lines, targets, base, margin)
+    return Report(rows, lines, targets, base, margin, task(groups[base]) if base is not None else None)
 
 
 def summary_row(g: Group, targets: list) -> dict:
@@ -277,6 +302,8 @@ def summary_row(g: Group, targets: list) -> dict:
     row = {"group": g.label, "seeds": len(g.runs), "seed values": " ".join(g.seeds),
            "_overrides": list(g.overrides), "_choices": choices if isinstance(choices, dict) else {}}
     row |= {k: v for col in GROUP_METRICS for k, v in ((col, g.mean(col)), (f"{col} sd", g.sd(col)))}
+    if len(g.values("whole run")) < len(g.runs):
+        row["whole run"] = row["whole run sd"] = None  # (a run from before it was recorded: no mean of the rest)
     for t in targets:
         got, recorded = g.reached(t)
         row |= {f"to {t:g} s": statistics.mean(got) if got else None,
@@ -287,13 +314,15 @@ def summary_row(g: Group, targets: list) -> dict:
 
 def ratios(row: dict, ref: dict, targets: list) -> None:
     """Speed-up, AUROC difference and time-to-target ratios of `row` against the baseline row `ref`."""
-    tp, ref_tp = row["samples/s"], ref.get("samples/s")
+    whole = row["whole run"] is not None and ref.get("whole run") is not None
+    tp, ref_tp = (row["whole run"], ref["whole run"]) if whole else (row["samples/s"], ref.get("samples/s"))
     auroc, ref_auroc = row["final AUROC"], ref.get("final AUROC")
     row["speed-up"] = tp / ref_tp if tp is not None and ref_tp else None
     row["AUROC vs baseline"] = auroc - ref_auroc if None not in (auroc, ref_auroc) else None
     for t in targets:
         ours, theirs = row[f"to {t:g} s"], ref.get(f"to {t:g} s")
-        row[f"to {t:g} x"] = theirs / ours if ours and theirs is not None else None
+        every = all(r.get(f"to {t:g} s reached") == r.get(f"to {t:g} s recorded") for r in (row, ref))
+        row[f"to {t:g} x"] = theirs / ours if every and ours and theirs is not None else None
 
 
 def fastest(runs, choice: str) -> str:
