@@ -6,7 +6,11 @@
 #   (outputs/cluster-story: ddp, ddp_tuned, hierarchical, hierarchical_int8, ring_fp16, ddp_powersgd, fsdp, ddp_topk,
 #   ddp + accumulation x4) are its first part; this makes the rest in outputs/tune-story/exhaustive (about 40 min).
 # planner, random: the tune with the planner's order and pruning, and with a shuffled order and none, at the same
-#   budget, into outputs/tune-story/{planner,random} (each about 25 min).
+#   budget, into outputs/tune-story/{planner,random} (each about 25 min): one choice per tune over 3 seeds, each
+#   verdict at 5% (before issue 41's error bound).
+# bound: the tune with its error bound (tune.error 5% over tune.verify=10 slots: each test at 0.5%) at the seeds
+#   that bound needs at the story's spread (7: docs/tune.md), evaluations every 8 steps (accumulation 4 then
+#   evaluates at the same samples), trials through torchrun on the nodes, into outputs/tune-story/bound (about 80 min).
 # Then python -m ringexp.tune.story writes outputs/tune-story/report.md (docs/results/tune-story.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,4 +53,9 @@ for search in planner random; do
     "tune.knobs=[$knobs]" "tune.budget_min=$more" tune.search=$search tune.seeds=3 tune.verify=6 \
     tune.trial_steps=20 tune.rungs=1 "tune.out=$out/$search"
 done
+if [[ " ${parts[*]} " == *" bound "* ]]; then
+  python -m ringexp.tune "${task[@]}" +parallel=ddp steps=120 eval_every=8 "tune.presets=[$presets]" \
+    "tune.knobs=[$knobs]" tune.budget_min=150 tune.seeds=7 tune.verify=10 tune.trial_steps=20 tune.rungs=1 \
+    "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/bound"
+fi
 python -m ringexp.tune.story "$out" "$root/outputs/cluster-story"

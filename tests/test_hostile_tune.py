@@ -220,7 +220,7 @@ def test_a_killed_tune_leaves_no_trial_running_and_the_same_command_continues(tm
     wrapper.chmod(0o755)
     slow.write_text("")
     args = [*TASK, "steps=16", "eval_every=8", "tune.budget_min=20", "tune.trial_steps=8", "tune.rungs=1",
-            "tune.seeds=1", "tune.verify=1", "tune.presets=[ddp_fp16]", "tune.knobs=[]",
+            "tune.seeds=2", "tune.verify=1", "tune.presets=[ddp_fp16]", "tune.knobs=[]",
             "tune.cluster=local_2x2_1gbit", f"tune.command={wrapper}", f"tune.out={out}"]
     env = {**os.environ, "WANDB_SILENT": "true"}
     p = subprocess.Popen([sys.executable, "-m", "ringexp.tune", *args], cwd=ROOT, env=env, text=True,

@@ -21,6 +21,8 @@ from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
 from ringexp.tune import cli, space
+from ringexp.tune.config import TuneConfig
+from ringexp.tune.loop import Tune
 from ringexp.tune.refit import refit, scaled
 from ringexp.validate import checked
 
@@ -81,6 +83,72 @@ def test_the_refit_recovers_known_factors_and_halves_the_error():
     assert got["before"] > 0.1 and got["after"] < 0.01 and got["held_out"] < 0.02, got
 
 
+def test_a_held_out_error_leaves_out_every_trial_of_the_candidate_it_predicts():
+    """ring_int8 measured 2x slower than the planner says on both of its rungs: held out together, each is predicted
+    from the other candidates alone (about 50% off); a fit that kept its other rung would pull the factors towards
+    it and report less."""
+    cfgs = [space.preset_config(p, [*TASK, *extra], 2) for p in ("ddp", "ddp_fp16", "ring_int8", "hierarchical_int8")
+            for extra in ([], ["accumulation.steps=2"])]
+    points = [(c, planner(c, CLUSTER, COMPUTE)["step_s"] * (2 if c.compression.name == "int8" and
+                                                            c.parallel.strategy == "ring" else 1)) for c in cfgs]
+    keys = [f"{c.parallel.strategy}-{c.compression.name}" for c in cfgs]
+    step = lambda c, cl, comp: planner(c, cl, comp)["step_s"]  # noqa: E731
+    whole, each = refit(points, CLUSTER, COMPUTE, step, keys), refit(points, CLUSTER, COMPUTE, step)
+    ring = [i for i, k in enumerate(keys) if k == "ring-int8"]
+    assert len(ring) == 2 and all(whole["held_out_each"][i] > each["held_out_each"][i] for i in ring), (whole, each)
+    assert all(abs(whole["held_out_each"][i] - 0.5) < 0.1 for i in ring), whole["held_out_each"]
+
+
+def bare_tune(tmp_path, *train, **tune_keys):
+    """A Tune over the training overrides `train`, nothing run (its phases are driven by the test)."""
+    return Tune(TuneConfig(**tune_keys), [*TASK, *train], tmp_path / "tune")
+
+
+def test_a_candidate_whose_accumulation_cannot_keep_the_evaluations_at_the_baselines_samples_is_refused(tmp_path):
+    """eval_every=5 at one micro-batch is 5 micro-batches: accumulation 4 cannot evaluate there (it evaluated every
+    8 before); eval_every=8 keeps both the samples (30 steps) and the spacing (every 2 steps)."""
+    for every, says, full in ((5, "eval_every=5 at the baseline's accumulation 1 is 5 micro-batches", None),
+                              (8, "", (30, 2))):
+        t = bare_tune(tmp_path / str(every), "steps=120", f"eval_every={every}")
+        cfg = space.preset_config("ring_int8", [*TASK, "accumulation.steps=4"], 2)
+        c = space.Candidate("ring_int8 accumulation.steps=4", ["+parallel=ring_int8", "accumulation.steps=4"], cfg)
+        assert says in t.spacing_error(c) and (says or t.full_steps(c) == full), t.spacing_error(c)
+
+
+def test_a_candidate_that_failed_on_any_rung_is_out_of_verification(tmp_path):
+    """Two rungs: b crashes on the second after completing the first; it is not among the candidates verified."""
+    t = bare_tune(tmp_path, "steps=60", trial_steps=15, rungs=2, verify=1)
+    t.order = [space.Candidate(n, [f"+parallel={n}"], t.base, {"step_s": 0.1, "samples_s": 1.0}) for n in "abc"]
+    t.base_pred, t.scale = {"step_s": 0.1, "samples_s": 1.0}, 1.0
+    speed = {"a": 10.0, "b": 30.0, "c": 20.0}
+
+    def trial(key, phase, cand, overrides, steps, seed, every):
+        ok = not (cand == "b" and key.startswith("try-r1"))
+        return {"key": key, "status": "completed" if ok else "crashed", "samples_s": speed[cand], "steps": steps}
+    t.trial = trial
+    got = [c.name for c, _ in t.search(bar=lambda x, **_: x)]
+    assert "b" not in got and got[0] == "c", got
+
+
+def test_a_short_trial_of_powersgd_measures_it_compressed_and_is_ranked_by_its_whole_run(tmp_path):
+    """PowerSGD starting at step 60 of 120: a 20-step trial would measure plain DDP (the old trials did); it runs
+    compressed after the warm-up instead, and is ranked as its full-length run would go (60 uncompressed steps at the
+    planner's uncompressed/compressed ratio), not at the compressed speed alone."""
+    t = bare_tune(tmp_path, "steps=120", "eval_every=10", trial_steps=20)
+    t.cluster, t.compute = CLUSTER, COMPUTE
+    t.shapes = [p.shape for p in build_model(t.base.model, t.base.data.num_labels).parameters()]
+    cfg = space.preset_config("ddp_powersgd", [*TASK, "compression.start_step=60"], 2)
+    c = space.Candidate("ddp_powersgd compression.start_step=60", ["+parallel=ddp_powersgd",
+                                                                   "compression.start_step=60"], cfg)
+    t.cands = [c]
+    assert t.trial_start(c.name) == t.base.throughput_warmup + 1
+    rec = {"samples_s": 100.0, "step_s": 0.1, "start_step": t.trial_start(c.name)}
+    plain, comp = (planner(x)["step_s"] for x in (space.preset_config("ddp", TASK, 2), cfg))
+    want = 100.0 * 0.1 / (0.1 * (61 / 120 + 59 / 120 * plain / comp))
+    assert plain > comp and t.ranking_speed(c, rec) == pytest.approx(want) and want < 100.0
+    assert t.ranking_speed(c, {**rec, "start_step": None}) == 100.0
+
+
 CRASH = """#!/bin/sh
 # a launcher whose ring_int8 trials crash (a node lost), as a real one might: the tune must record it and go on
 case "$*" in *ring_int8*) kill -9 $$ ;; esac
@@ -93,7 +161,7 @@ def tune_args(tmp_path, out):
     wrapper.write_text(CRASH.format(python=sys.executable))
     wrapper.chmod(0o755)
     return [*TASK, "steps=24", "eval_every=12", "tune.budget_min=20", "tune.trial_steps=8", "tune.rungs=1",
-            "tune.seeds=1", "tune.verify=2", "tune.presets=[ddp_fp16,ring_int8]", "tune.knobs=[]",
+            "tune.seeds=2", "tune.verify=2", "tune.presets=[ddp_fp16,ring_int8]", "tune.knobs=[]",
             "tune.cluster=local_2x2_1gbit", f"tune.command={wrapper}", f"tune.out={out}"]
 
 
@@ -126,6 +194,7 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     again = start_tune(args)
     stdout, stderr = again.communicate(timeout=600)
     assert again.returncode == 0, stderr[-3000:]
+    assert f"from its records: {len(before)} recorded (not run again)" in stdout, stdout
     after = lines(out / "trials.jsonl")
     assert after[:len(before)] == before  # continued, not started over
     recs = [json.loads(x) for x in after]
@@ -150,6 +219,7 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     third = start_tune(args)  # a finished tune, run again: the same choice from its records, nothing run
     out3, err3 = third.communicate(timeout=300)
     assert third.returncode == 0 and out3.strip().splitlines()[-1].split(": ", 2)[2] == chosen, err3[-2000:]
+    assert "ran nothing: every run was recorded" in out3 and f"{len(after)} recorded" in out3, out3
     assert lines(out / "trials.jsonl") == after
     assert all((tmp_path / f"precious-{n}").read_text() == "mine" and not (out / n).is_symlink() for n in written)
     if (out / "best.yaml").exists():  # the choice, as best.yaml and as the printed command, is one configuration
@@ -174,6 +244,13 @@ def refusal(args):
     return code, err.getvalue()
 
 
+def test_knobs_written_as_the_docs_write_them_are_the_tunes_and_never_a_training_override():
+    """tune.knobs=[KEY=V,...] is requoted for Hydra; the requoted one goes to the tune and nothing of it to the
+    trials' overrides (it once did, and every trial's composition failed on it)."""
+    own, train = cli.split(["tune.knobs=[accumulation.steps=4,compression.ratio=0.05]", "steps=3", "-c", "job"])
+    assert own[0] == "tune.knobs=['accumulation.steps=4','compression.ratio=0.05']" and train == ["steps=3"], own
+
+
 @pytest.mark.parametrize("extra,says", [
     (["tune.budget_min=0.01"], "tune.budget_min=0.01: the baseline's run of 12 steps"),
     (["tune.presets=[ddp]", "tune.knobs=[]"], "the search space is empty"),
@@ -183,6 +260,10 @@ def refusal(args):
     (["tune.command=/nonexistent/launcher"], "cannot run '/nonexistent/launcher'"),
     (["hydra/launcher=slurm", "tune.command=echo"], "the launcher cannot reach the cluster"),
     (["tune.trial_steps=3"], "tune.trial_steps=3"),
+    (["tune.seeds=0"], "tune.seeds=0: a choice needs at least 2 paired seeds"),
+    (["tune.seeds=1"], "tune.seeds=1: a choice needs at least 2 paired seeds"),
+    (["tune.error=-0.1"], "tune.error=-0.1: must be in (0, 0.5)"),
+    (["tune.error=nan"], "tune.error=nan: must be in (0, 0.5)"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, extra, says):
     out = tmp_path / "tune"

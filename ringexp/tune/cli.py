@@ -19,7 +19,7 @@ from ringexp.config import CONF_DIR, plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
 from ringexp.predict import measure_compute
-from ringexp.tune import diagnose, playbook, space, verify
+from ringexp.tune import diagnose, playbook, space, trials, verify
 from ringexp.tune.budget import STARTUP_S
 from ringexp.tune.config import TuneApp
 from ringexp.tune.loop import Tune
@@ -33,8 +33,9 @@ FLAG_VALUES = ("--cfg", "-c", "--package", "-p", "--info", "-i")  # Hydra's flag
 def split(args: list) -> tuple:
     """(the tune's own arguments, for its Hydra app; the training overrides). tune.out=DIR is hydra.run.dir=DIR; both
     naming two directories, a sweep (-m: the tune runs one directory) or an override without a key: ConfigError."""
-    own = [a for i, a in enumerate(args) if a.startswith(("-", "tune.", RUN_DIR))
-           or (i and args[i - 1] in FLAG_VALUES and "=" not in a)]  # (--cfg job: the flag's value is Hydra's too)
+    mine = [a.startswith(("-", "tune.", RUN_DIR)) or bool(i and args[i - 1] in FLAG_VALUES and "=" not in a)
+            for i, a in enumerate(args)]  # (--cfg job: the flag's value is Hydra's too)
+    own = [a for a, m in zip(args, mine, strict=True) if m]
     if any(a in ("-m", "--multirun") for a in own):
         raise ConfigError("the tune runs into one directory and sweeps itself (tune.presets, tune.knobs): drop -m")
     out = next((a.split("=", 1)[1] for a in own if a.startswith("tune.out=")), None)
@@ -44,7 +45,7 @@ def split(args: list) -> tuple:
     if out and not run_dir:
         own.append(RUN_DIR + out)
     own = [quoted_knobs(a) if a.startswith("tune.knobs=") else a for a in own]
-    train = [a for a in args if a not in own]
+    train = [a for a, m in zip(args, mine, strict=True) if not m]  # (by position: own's knobs are requoted)
     for a in train:
         if "=" not in a or not a.split("=", 1)[0].lstrip("+~"):
             raise ConfigError(f"'{a}' is not a KEY=VALUE override; {USAGE}")
@@ -183,18 +184,24 @@ def start(cfg, train: list, args: list) -> int:
 def run(tune: Tune, argv: list) -> int:
     """The phases; Ctrl-C ends with the playbook of what was done (and the same command continues)."""
     checks, note, code = [], "", 0
+    before = len(tune.log.done)
     try:
         base = tune.diagnose()
         tune.predict(base)
+        if before:
+            left = sum(f"try-r0-{trials.slug(c.name)}" not in tune.log.done for c in tune.order)
+            print(f"ringexp: continuing the tune in {tune.out} from its records: {before} recorded (not run again), "
+                  f"{left} first-rung trial{'s' * (left != 1)} left, then verification")
         checks = diagnose.checklist(records.read_summary(base["dir"]), tune.cluster)
         verify.verify(tune, tune.search(bar=tqdm), bar=tqdm)
         tune.refit()
     except KeyboardInterrupt:
         note, code = "Interrupted: this is what was done so far; the same command continues the tune.", stop.EXIT_CODE
     chosen = playbook.write(tune, checks, argv, note)
-    spent = tune.budget.spent()
+    spent, ran = tune.budget.spent(), len(tune.log.done) - before
     print(f"ringexp: tune {'interrupted' if code else 'done'} in {spent / 60:.1f} machine min "
-          f"(budget {tune.tc.budget_min:g}); wrote {tune.out}/playbook.md")
+          f"(budget {tune.tc.budget_min:g}); {f'ran {ran} new' if ran else 'ran nothing: every run was recorded'}; "
+          f"wrote {tune.out}/playbook.md")
     said = "chosen" if tune.chosen else "nothing chosen yet; the baseline" if code else "kept the baseline"
     print(f"ringexp: {said}: {chosen}")
     return code

@@ -13,6 +13,7 @@ class TuneConfig:
     training override, the baseline every candidate changes."""
     budget_min: float = 10.0  # machine minutes for the whole tune: baseline, trials and verification
     quality_budget: float = quality.MARGIN  # the equivalence margin a chosen candidate must meet
+    error: float = quality.ALPHA  # at most this chance that the chosen candidate is worse than the margin
     presets: List[str] = field(default_factory=list)  # conf/parallel presets to search (empty: every multi-rank one)
     # each "KEY=V1,V2": values tried one knob at a time on every preset the knob changes (ringexp/tune/space.py)
     knobs: List[str] = field(default_factory=lambda: ["accumulation.steps=2,4", "parallel.bucket_cap_mb=5,100",
@@ -24,7 +25,7 @@ class TuneConfig:
     eta: int = 2  # successive halving: the fastest 1/eta of a rung go on to the next
     rungs: int = 2  # halving rungs (1: one short trial each)
     verify: int = 3  # the most candidates verified at full length over seeds, fastest first
-    seeds: int = 3  # seeds per side in verification (paired verdict from 2; 3 or more to decide one)
+    seeds: int = 3  # seeds per side in verification: the paired verdict over them decides (one seed never does)
     trial_timeout_s: float = 1800.0  # a trial running longer is stopped and recorded as timed out
     command: str = ""  # the training command a trial runs (empty: this Python's -m ringexp.train)
     cluster: Optional[str] = None  # the planner's cluster (name or YAML; null: one matching the job, else calibrated)
@@ -40,8 +41,12 @@ class TuneConfig:
         need(self.trial_steps >= 1, "tune.trial_steps", self.trial_steps, "must be >= 1")
         need(self.eta >= 2 and self.rungs >= 1, "tune.eta, rungs", f"{self.eta}, {self.rungs}",
              "need eta >= 2 and at least 1 rung")
-        need(self.verify >= 1 and self.seeds >= 1, "tune.verify, seeds", f"{self.verify}, {self.seeds}",
-             "need at least 1 candidate and 1 seed")
+        need(not quality.level_error(self.error), "tune.error", self.error, quality.level_error(self.error))
+        need(self.verify >= 1, "tune.verify", self.verify, "must be >= 1 (candidates verified at full length)")
+        need(self.seeds >= quality.MIN_SEEDS, "tune.seeds", self.seeds,
+             f"a choice needs at least {quality.MIN_SEEDS} paired seeds (one seed's verdict leaves out the seeds' "
+             f"variance: an indication, never a decision); give tune.seeds={quality.MIN_SEEDS} or more (docs/tune.md: "
+             "the seeds a choice needs)")
         need(self.trial_timeout_s > 0, "tune.trial_timeout_s", self.trial_timeout_s, "must be > 0 seconds")
 
 

@@ -24,7 +24,7 @@ from ringexp.cluster import files as clusters
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError, one_line, print_warning
 from ringexp.models import build_model
-from ringexp.tune import budget, space, trials
+from ringexp.tune import budget, space, trials, verify
 from ringexp.tune.refit import refit
 from ringexp.validate import compose_config
 
@@ -58,11 +58,37 @@ class Tune:
             return self.log.done[key]
         own = self.base_overrides if cand == "baseline" else [*self.rest, *overrides]
         line = [*own, f"steps={steps}", f"eval_every={every}", f"seed={seed}", f"name={self.group}"]
+        start = None
         if phase == "try":
             line.append(f"logger.log_every={max(1, (steps - self.base.throughput_warmup) // 10)}")
+            if (start := self.trial_start(cand)) is not None:
+                line = [o for o in line if not o.startswith("compression.start_step=")]
+                line.append(f"compression.start_step={start}")
         rec = trials.run(self.cmd, line, self.out / "trials" / key, self.tc.trial_timeout_s)
         return self.log.add(rec | {"key": key, "phase": phase, "candidate": cand, "overrides": overrides,
-                                   "steps": steps, "every": every, "seed": seed})
+                                   "steps": steps, "every": every, "seed": seed, "start_step": start})
+
+    def trial_start(self, cand: str):
+        """The compressor's first compressed step for a short trial of `cand` where its own comes after the trial's
+        measured steps begin (PowerSGD's start_step): the trial would measure the uncompressed all-reduce, so it
+        starts compressing with them; `ranking_speed` puts the uncompressed steps back. None where it need not."""
+        c = next((c for c in self.cands if c.name == cand), None)
+        first = self.base.throughput_warmup + 1
+        return first if c is not None and compress.first_compressed_step(c.cfg.compression) > first else None
+
+    def ranking_speed(self, c, rec: dict) -> float:
+        """A trial's samples/s as its full-length run would have them: measured, or, for a trial that compressed
+        from an earlier step than the candidate does, its measured (compressed) step for the compressed share of the
+        full run and that step times the planner's uncompressed/compressed ratio for the rest."""
+        if not rec.get("start_step"):
+            return rec["samples_s"]
+        steps, _ = self.full_steps(c)
+        start = compress.first_compressed_step(c.cfg.compression)
+        plain, compressed = (predict.row("", cfg, self.cluster, self.shapes, self.compute, False)["step_s"]
+                             for cfg in (dataclasses.replace(c.cfg, compression=CompressionConfig()), c.cfg))
+        f = max(0, steps - start + 1) / steps
+        whole = rec["step_s"] * (f + (1 - f) * plain / compressed)
+        return rec["samples_s"] * rec["step_s"] / whole
 
     def timed(self, key: str, phase: str, work):
         """A step of the tune's own (the planner's), recorded with its time like a trial."""
@@ -93,6 +119,8 @@ class Tune:
         self.compute = self.measured_compute(model)
         self.cands, self.refused = space.candidates(self.rest, list(self.tc.presets), space.knobs(self.tc.knobs),
                                                     self.predicted, self.cluster.nodes, space.fingerprint(self.base))
+        self.refused += [(c.name, why) for c in self.cands if (why := self.spacing_error(c))]
+        self.cands = [c for c in self.cands if not self.spacing_error(c)]
         self.base_pred = self.predicted(self.base)
         self.order, self.left_out = space.ranked(self.cands, self.base_pred["samples_s"], self.tc.search,
                                                  self.tc.prune, self.tc.seed)
@@ -142,6 +170,9 @@ class Tune:
         """The predicted step of trial record `rec`: over the steps its throughput was measured on."""
         by_name = {c.name: c for c in self.cands}
         cfg = by_name[rec["candidate"]].cfg if rec["candidate"] in by_name else self.base
+        if rec.get("start_step"):  # (the trial compressed from there: trial_start)
+            cfg = dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression,
+                                                                           start_step=rec["start_step"]))
         window = (min(self.base.throughput_warmup + 1, rec["steps"]), rec["steps"])
         return self.predicted(cfg, cl, compute, window)["step_s"]
 
@@ -163,7 +194,7 @@ class Tune:
     # -- try: successive halving --------------------------------------------------------------------------------
     def search(self, bar=tqdm) -> list:
         """[(Candidate, its last rung's record)], fastest first."""
-        alive, last = list(self.order), {}
+        alive, last, failed = list(self.order), {}, set()
         for rung in range(self.tc.rungs):
             steps = self.tc.trial_steps * self.tc.eta ** rung
             got = {}
@@ -175,21 +206,35 @@ class Tune:
                 rec = self.trial(key, "try", c.name, c.overrides, steps, self.base.seed, steps)
                 if rec["status"] == "completed":
                     got[c.name] = (c, rec)
+                else:
+                    failed.add(c.name)  # on any rung: out of verification (a crash at full length is likelier)
             if not got:
                 break
             last |= got
-            ranked = sorted(got.values(), key=lambda cr: -cr[1]["samples_s"])
+            ranked = sorted(got.values(), key=lambda cr: -self.ranking_speed(*cr))
             alive = [c for c, _ in ranked[:max(self.tc.verify, math.ceil(len(ranked) / self.tc.eta))]]
             if len(ranked) <= self.tc.verify or rung == self.tc.rungs - 1:
                 break
         # the candidates of the last rung first (measured longest), then by throughput
-        return sorted(last.values(), key=lambda cr: (-cr[1]["steps"], -cr[1]["samples_s"]))
+        return sorted((cr for name, cr in last.items() if name not in failed),
+                      key=lambda cr: (-cr[1]["steps"], -self.ranking_speed(*cr)))
 
     # -- verify ---------------------------------------------------------------------------------------------------
     def full_steps(self, c) -> tuple:
         """(steps, eval_every) of a full-length run of `c`: the baseline's samples, whatever its accumulation."""
-        k = self.base.accumulation.steps / c.cfg.accumulation.steps
-        return math.ceil(self.base.steps * k), max(1, math.ceil(self.base.eval_every * k))
+        base, own = self.base.accumulation.steps, c.cfg.accumulation.steps  # (spacing_error: both divide)
+        return self.base.steps * base // own, max(1, self.base.eval_every * base // own)
+
+    def spacing_error(self, c) -> str:
+        """Why `c` cannot run the baseline's samples with evaluations at the baseline's samples ('' when it can):
+        its accumulation must divide the baseline's micro-batches of the run and between evaluations."""
+        base, own = self.base.accumulation.steps, c.cfg.accumulation.steps
+        bad = next((k for k, v in (("steps", self.base.steps), ("eval_every", self.base.eval_every))
+                    if v * base % own), None)
+        return "" if bad is None else (
+            f"accumulation.steps={own}: {bad}={getattr(self.base, bad)} at the baseline's accumulation {base} is "
+            f"{getattr(self.base, bad) * base} micro-batches, not a multiple of {own}, so its evaluations (or its "
+            f"samples) could not be the baseline's; give {bad} a multiple of {own}")
 
     def full(self, c, i: int) -> dict:
         seed = self.base.seed + i
@@ -199,12 +244,20 @@ class Tune:
         steps, every = self.full_steps(c)
         return self.trial(f"verify-{trials.slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
 
+    def affords(self, c) -> bool:
+        return verify.affords(self, c)
+
+    def pair(self, cand: str):
+        """(seed group of `cand`'s completed verification runs, the baseline's) or None: what verify judges."""
+        return verify.pair(self, cand)
+
     # -- refit ------------------------------------------------------------------------------------------------------
     def refit(self) -> None:
         points = [(r, r["step_s"]) for r in self.log.done.values()
                   if r["phase"] in ("diagnose", "try") and r["status"] == "completed"]
         if len(points) >= 2:
-            self.fit = refit(points, self.cluster, self.compute, lambda r, cl, comp: self.at_trial(r, cl, comp))
+            self.fit = refit(points, self.cluster, self.compute, lambda r, cl, comp: self.at_trial(r, cl, comp),
+                             [r["candidate"] for r, _ in points])
 
 
 def kept_compute(path: Path):

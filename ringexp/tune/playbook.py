@@ -46,7 +46,7 @@ def result(t, chosen: str, rep) -> dict:
     rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rep.rows] if rep else []
     return {"chosen": t.chosen and t.chosen.name, "command": chosen, "machine_s": sum(spent.values()),
             "phases": dict(spent), "budget_s": t.budget.total_s, "refit": fit, "groups": rows,
-            "verified": [{"candidate": c.name, "verdict": v and v[0].record(), "note": v and v[1]}
+            "verified": [{"candidate": c.name, "verdict": v and v[0] and v[0].record(), "note": v and v[1]}
                          for c, v in t.verified], "skipped": [[c.name, why] for c, why in t.skipped]}
 
 
@@ -124,7 +124,7 @@ def left_out_part(t) -> list:
 def verify_part(t, rep) -> list:
     if rep is None:
         return ["Not reached."]
-    lines = [f"- {c.name}: {v[0].text() if v else 'no verdict'}" + (f" ({v[1]})" if v and v[1] else "")
+    lines = [f"- {c.name}: {v[0].text() if v and v[0] else 'no verdict'}" + (f" ({v[1]})" if v and v[1] else "")
              for c, v in t.verified] + [f"- {c.name}: not verified ({why})" for c, why in t.skipped]
     return [*rep.markdown().splitlines(), "", "Candidates verified, fastest trial first:", "", *lines]
 
@@ -155,10 +155,11 @@ def quality_plot(t, rep, plt) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for row in rep.rows:
         v = row["_verdicts"].get("final AUROC")
-        d, err = (v.diff, [[v.diff - v.ci95[0]], [v.ci95[1] - v.diff]]) if v else (0.0, None)
+        (lo, hi), _ = v.decided_on() if v else ((0.0, 0.0), None)
+        d, err = (v.diff, [[v.diff - lo], [hi - v.diff]]) if v else (0.0, None)
         ax.errorbar([row["samples/s"]], [d], yerr=err, fmt="o", capsize=4, label=short(row["group"], 40))
     ax.axhspan(-t.tc.quality_budget, t.tc.quality_budget, color="tab:green", alpha=0.15, label="quality budget")
-    ax.set(xlabel="samples/s (mean over seeds)", ylabel="final macro-AUROC - baseline (95%)",
+    ax.set(xlabel="samples/s (mean over seeds)", ylabel="final macro-AUROC - baseline (the verdict's interval)",
            title="Throughput against quality")
     ax.legend(fontsize=6)
     fig.tight_layout()

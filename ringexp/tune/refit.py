@@ -40,14 +40,19 @@ def fit(points, cl, compute, predict) -> np.ndarray:
                          f_scale=ROBUST).x
 
 
-def refit(points, cl, compute, predict) -> dict:
+def refit(points, cl, compute, predict, keys=None) -> dict:
     """The factors, the refitted cluster and compute, and the median error before, after (fitted on every point)
-    and held out (each point predicted by a fit on the others; None under 4 points)."""
+    and held out: each point predicted by a fit on the points of the other candidates (`keys`: each point's
+    candidate; None: each point its own), so that a candidate's other rung does not predict it; None where fewer
+    than 4 points, or than 3 others, are left to fit."""
+    keys = list(range(len(points))) if keys is None else keys
     x = fit(points, cl, compute, predict)
-    held = [errors([p], cl, compute, predict, fit(points[:i] + points[i + 1:], cl, compute, predict))[0]
-            for i, p in enumerate(points)] if len(points) >= 4 else None
+    rest = [[q for q, k in zip(points, keys, strict=True) if k != key] for key in keys]
+    held = [errors([p], cl, compute, predict, fit(others, cl, compute, predict))[0]
+            for p, others in zip(points, rest, strict=True)] if min(map(len, rest), default=0) >= 3 else None
     new_cl, new_compute = scaled(cl, compute, x)
     return {"factors": dict(zip(("compute", "intra_beta", "inter_beta"), np.exp(x).tolist(), strict=True)),
             "before": statistics.median(errors(points, cl, compute, predict)),
             "after": statistics.median(errors(points, cl, compute, predict, x)),
-            "held_out": statistics.median(held) if held else None, "cluster": new_cl, "compute": new_compute}
+            "held_out": statistics.median(held) if held else None, "held_out_each": held, "cluster": new_cl,
+            "compute": new_compute}
