@@ -6,9 +6,11 @@ predicted columns, the tune's ranking): one function per question, so that no tw
     row(name, cfg, cl, shapes, compute, here)       one configuration's predicted step on one cluster (its strategy's
                                                     step_cost and traffic; PowerSGD's arithmetic measured here where
                                                     `here` says this machine is the cluster's kind)
-    quality_of(path), judged(...)                   the quality verdicts a configuration is judged by
+    quality_of(path, task), judged(...)             the quality verdicts a configuration is judged by: a record's,
+                                                    only of the same task (quality.task_of), only decisive ones
 """
 
+import json
 import subprocess
 import sys
 import time
@@ -28,9 +30,6 @@ from ringexp.models import build_model
 from ringexp.optim import build_optimizer
 from ringexp.validate import compose_config
 
-# The quality verdicts the planner judges presets by: compare's record of the slow-link story
-# (scripts/cluster_story.sh, docs/results/cluster-story.md)
-QUALITY_RECORD = Path(CONF_DIR).parent / "docs" / "results" / "cluster-story-quality.json"
 BACKWARD_SHARE = 2 / 3  # of forward + backward: backward costs twice forward (Kaplan et al. 2020, 6N = 2N + 4N)
 
 
@@ -112,22 +111,31 @@ def row(name: str, cfg, cl, shapes: list, compute: dict, here: bool) -> dict:
             "sent_bytes": parallel.traffic(cfg, parallel.World.of_cluster(cl), shapes)}
 
 
-ELIGIBLE = ("exact", "equivalent", "better")  # what the recommendation may choose from
+ELIGIBLE = ("exact", "equivalent", "better")  # what the recommendation may choose from (the words of decisive verdicts)
+NO_VERDICT = "no verdict for this task"  # a preset that is not exact, with no decisive verdict of its own task
+SHOWN = 3  # differing fields of two tasks a message names (then how many more)
+_ABSENT = object()  # a task's field that one side lacks
 
 
-def quality_of(path) -> dict:
+def quality_of(path, task: dict) -> dict:
     """{conf/parallel preset: the verdict's record on the file's headline metric (final macro-AUROC)} from
-    compare's quality.json: the groups whose overrides are the baseline's but for `+parallel=NAME` (seeds apart);
-    {} where the file is missing. Every group and verdict of the file is checked first (quality.read_record): a
-    reversed interval or a word its numbers do not give is refused, naming the group and the entry."""
-    if not Path(path).is_file():
-        return {}
+    compare's quality.json at `path` (quality=, the user's): the groups whose overrides are the baseline's but for
+    `+parallel=NAME` (seeds apart). Every group and verdict of the file is checked first (quality.read_record: a
+    reversed interval, a word its numbers do not give or a format of another version is refused, naming the group
+    and the entry), then its task against `task` (quality.task_of of the config predicted): verdicts of another
+    task are no verdicts on this one. Any of these is a ConfigError naming the file."""
+    if not Path(path).exists():
+        raise ConfigError(f"quality={path}: no such file (give the quality.json compare or the tune wrote for this "
+                          "task, or leave quality= out)")
     try:
         record = quality.read_record(path)
     except OSError as e:
         raise ConfigError(f"quality={path}: cannot read it ({e.strerror or e}); give compare's quality.json") from None
     except ValueError as e:
         raise ConfigError(f"quality={path}: {e}; give compare's quality.json as compare wrote it") from None
+    if differ := task_differences(record["task"], task):
+        raise ConfigError(f"quality={path}: its verdicts are of another task ({differ}); measure this one with a seed "
+                          "sweep (docs/sweeps.md) or python -m ringexp.tune, or leave quality= out")
     base = next(set(g["overrides"]) for g in record["groups"] if g["baseline"])
     out = {}
     for g in record["groups"]:
@@ -138,15 +146,52 @@ def quality_of(path) -> dict:
     return out
 
 
+def task_differences(theirs, ours: dict) -> str:
+    """How the task a record's verdicts were measured on (`theirs`: its "task", or None where its runs did not
+    record one) differs from `ours` (quality.task_of): the first SHOWN differing fields with both values, '' when
+    they are the same task. Leaves are compared as JSON writes them (1 is not 1.0, nor true)."""
+    if theirs is None:
+        return "the record names none: its runs are from before runs recorded their task"
+    differ = list(_differing(theirs, json.loads(json.dumps(ours)), ""))
+    said = "; ".join(f"{key}: {_shown(a)} in the record, {_shown(b)} here" for key, a, b in differ[:SHOWN])
+    return said + (f"; and {len(differ) - SHOWN} more" if len(differ) > SHOWN else "")
+
+
+def _differing(theirs: dict, ours: dict, prefix: str):
+    """(dotted key, their value, our value) of every leaf where the two differ (_ABSENT where a side lacks it)."""
+    for key in dict.fromkeys([*ours, *theirs]):
+        a, b = theirs.get(key, _ABSENT), ours.get(key, _ABSENT)
+        name = prefix + (key if len(key) <= 40 else key[:39] + "~")
+        if isinstance(a, dict) and isinstance(b, dict):
+            yield from _differing(a, b, name + ".")  # (as deep as ours goes: a record's own nesting is not followed)
+        elif a is _ABSENT or b is _ABSENT or json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
+            yield name, a, b
+
+
+def _shown(x) -> str:
+    """A task's value in a message: short, and never a whole container of the record's."""
+    if x is _ABSENT:
+        return "absent"
+    if x is None or isinstance(x, bool):
+        return json.dumps(x)
+    if isinstance(x, str | int | float):
+        return ascii(x)[:40]
+    text = json.dumps(x)
+    return text if len(text) <= 40 else f"a {'list' if isinstance(x, list) else 'mapping'} of {len(x)}"
+
+
 def judged(name: str, cfg, verdicts: dict, budget: float) -> tuple:
-    """(verdict, measured difference or None) of preset `name` at margin `budget`, from its record's intervals:
-    "exact" for a preset that sends the gradients uncompressed at one micro-step (the same arithmetic up to the
-    order of a sum), "unmeasured" where the record has no verdict for it."""
+    """(quality word, measured difference or None) of preset `name` at margin `budget`: a decisive verdict's
+    (quality.MIN_SEEDS paired seeds or more) judged again from its record's intervals; else "exact" for a preset
+    that sends the gradients uncompressed at one micro-step with no autocast (the same arithmetic up to the order
+    of a sum); else quality.INDICATIVE where the record's verdict is on one seed (shown, never acted on), or
+    NO_VERDICT."""
     v = verdicts.get(name)
-    if v is not None:
-        return quality.decide(v["diff"], tuple(v["ci95"]), tuple(v["ci90"]), budget), v["diff"]
-    exact = cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off"
-    return ("exact" if exact else "unmeasured"), None
+    if v is not None and v["seeds"] >= quality.MIN_SEEDS:
+        return quality.decide(v["diff"], tuple(v["ci95"]), tuple(v["ci_eq"]), budget), v["diff"]
+    if cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off":
+        return "exact", None
+    return (NO_VERDICT, None) if v is None else (quality.INDICATIVE, v["diff"])
 
 
 def calibrate_here(path: Path, ranks: int) -> None:

@@ -13,7 +13,8 @@
 # 3. ringexp.compare over all of it: seed groups with their quality verdicts and time to each target.
 # Slurm sweeps, one job at a time (array_parallelism=1), local records only (logger=none). Output:
 # outputs/cluster-story/{link-*,presets,levers,harmful,seeds}/ and outputs/cluster-story/compare.md, groups.csv,
-# quality.json (what ringexp.plan predict reads once copied to docs/results/cluster-story-quality.json).
+# quality.json (ringexp.plan predict quality=... uses it for this task only; docs/results/cluster-story-quality.json
+# keeps an older one, in format 1, as a result).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh" >/dev/null

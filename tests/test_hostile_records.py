@@ -5,6 +5,7 @@ from them), published-cases files of absurd sizes or the wrong shapes (one line 
 field, before anything is built), and names of 900 KB (bounded wherever a plot shows or a path holds them). Runs
 are fabricated as ringexp writes them (records.write_summary, records.write_scores): no training."""
 
+import functools
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from ringexp import bench, compare, metrics, quality, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.plan.cli import main as plan_main
+from ringexp.validate import compose_config
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PRECIOUS = "precious: written by someone else, never by ringexp\n"
@@ -60,10 +62,16 @@ def summary(overrides, median: float, final: dict, best: dict | None = None) -> 
     """A completed run's summary.json with the keys compare reads (as Recorder.summary writes them)."""
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("+parallel=")), "ddp")
     return {"status": "completed", "name": ",".join(overrides), "job_type": preset, "strategy": preset,
-            "choices": {"parallel": preset}, "overrides": list(overrides), "world_size": 2,
+            "choices": {"parallel": preset}, "overrides": list(overrides), "world_size": 2, "task": run_task(),
             "throughput": {"median": median, "p10": 0.9 * median, "p90": 1.1 * median},
             "time": {"step_s": 0.1, "compute_s": 0.06, "comm_s": 0.03, "exposed_comm_s": 0.02},
             "final": dict(final), "best": dict(best or final)}
+
+
+@functools.cache
+def run_task() -> dict:
+    """The task every fabricated run records (summary `task`): TASK's, on 2 ranks."""
+    return quality.task_of(compose_config([*TASK, "+parallel=ddp"]), 2)
 
 
 def fake_run(run_dir: Path, overrides, median: float, auroc: float, f1: float = 0.2) -> Path:
@@ -80,7 +88,8 @@ COMPARE_NAMES = (*compare.OUTPUTS, *compare.GROUP_OUTPUTS, "quality.json.tmp")
 def test_compare_writes_every_file_in_place_of_a_symlink_never_through_it(tmp_path, capsys):
     """A sweep of two seed groups (so that groups.csv and quality.json are written too) with a symlink planted at
     every name compare writes, and at the fixed temporary name it used for quality.json: the files pointed to are
-    unchanged, the real ones are written, and quality.json is a record the planner accepts."""
+    unchanged, the real ones are written, and quality.json is a record the planner's reader accepts, of the runs'
+    task."""
     sweep = tmp_path / "sweep"
     for seed in (0, 1):
         fake_run(sweep / f"ddp-{seed}", [*TASK, "+parallel=ddp", f"seed={seed}"], 40.0 + seed, 0.90 + seed / 100)
@@ -93,6 +102,7 @@ def test_compare_writes_every_file_in_place_of_a_symlink_never_through_it(tmp_pa
     assert "| run |" in (sweep / "compare.md").read_text()
     record = quality.read_record(sweep / "quality.json")
     assert [g["group"] for g in record["groups"]] == ["+parallel=ddp", "+parallel=ring_fp16"]
+    assert record["task"] == run_task() and record["format"] == quality.FORMAT
 
 
 def test_plan_predict_writes_its_files_in_place_of_symlinks(tmp_path, monkeypatch, capsys):
@@ -194,19 +204,27 @@ def test_bench_writes_its_results_in_place_of_symlinks(tmp_path):
 
 # 2. A quality record is checked where the planner reads it: every verdict's numbers must hold together.
 
-def verdict(diff, ci95, ci90, word=None, margin=0.02) -> dict:
-    return {"word": word or quality.decide(diff, tuple(ci95), tuple(ci90), margin), "diff": diff, "ci95": ci95,
-            "ci90": ci90, "margin": margin, "test": "3 paired seeds", "more_seeds": None}
+def verdict(diff, ci95, ci_eq, word=None, margin=0.02) -> dict:
+    return {"word": word or quality.decide(diff, tuple(ci95), tuple(ci_eq), margin), "diff": diff, "ci95": ci95,
+            "ci_eq": ci_eq, "level": 0.9, "seeds": 3, "margin": margin, "test": "3 paired seeds", "more_seeds": None}
+
+
+@functools.cache
+def plan_task() -> dict:
+    """The task PLAN predicts (quality.task_of of its ddp config, composed as training composes it, on the
+    cluster's 2 x 2 ranks): the one a record must be of for the planner to use its verdicts."""
+    return quality.task_of(compose_config(["model.width=32", "+parallel=ddp"], 2), 4)
 
 
 def record(topk) -> dict:
-    """compare's quality.json: the ddp baseline, ring_fp16 equivalent, and ddp_topk's verdict `topk`."""
+    """compare's quality.json (format 2, of PLAN's task): the ddp baseline, ring_fp16 equivalent, and ddp_topk's
+    verdict `topk`."""
     groups = [{"group": "+parallel=ddp", "baseline": True, "overrides": [*TASK, "+parallel=ddp"], "verdicts": {}},
               {"group": "+parallel=ring_fp16", "baseline": False, "overrides": [*TASK, "+parallel=ring_fp16"],
                "verdicts": {"final AUROC": verdict(0.001, [-0.004, 0.006], [-0.003, 0.005])}},
               {"group": "+parallel=ddp_topk", "baseline": False, "overrides": [*TASK, "+parallel=ddp_topk"],
                "verdicts": {"final AUROC": topk, "final F1": verdict(-0.01, [-0.05, 0.03], [-0.04, 0.02])}}]
-    return {"margin": 0.02, "metric": "final AUROC", "groups": groups}
+    return {"format": quality.FORMAT, "task": plan_task(), "margin": 0.02, "metric": "final AUROC", "groups": groups}
 
 
 def topk_entry(doc) -> dict:
@@ -215,22 +233,29 @@ def topk_entry(doc) -> dict:
 
 TOPK = "group '+parallel=ddp_topk': 'final AUROC': "
 BAD_RECORDS = [
-    ("reversed 90% interval", lambda d: topk_entry(d).update(ci90=[0.01, -0.5], ci95=[-0.6, 0.02], word="equivalent"),
-     TOPK + "the 90% interval [+0.010, -0.500] is reversed"),
+    ("reversed equivalence interval", lambda d: topk_entry(d).update(ci_eq=[0.01, -0.5], ci95=[-0.6, 0.02],
+                                                                       word="equivalent"),
+     TOPK + "the equivalence interval [+0.010, -0.500] is reversed"),
     ("difference outside its interval", lambda d: topk_entry(d).update(diff=0.05),
      TOPK + "the difference +0.050 lies outside its 95% interval"),
     ("95% interval inside the 90% one", lambda d: topk_entry(d).update(ci95=[-0.35, -0.25]),
-     TOPK + "the 95% interval [-0.350, -0.250] does not hold the 90% one [-0.400, -0.200]"),
+     TOPK + "the 95% interval [-0.350, -0.250] and the 90.0% one [-0.400, -0.200] are not nested as their levels"),
     ("word its numbers do not give", lambda d: topk_entry(d).update(word="equivalent"),
-     TOPK + "says equivalent, but its numbers (-0.300, 90% interval [-0.400, -0.200], margin 0.02) are worse"),
+     TOPK + "says equivalent, but its numbers (-0.300, equivalence interval [-0.400, -0.200], margin 0.02) are "
+     "worse"),
     ("NaN difference", lambda d: topk_entry(d).update(diff=float("nan")), TOPK + "diff is nan, not a finite number"),
     ("infinite end", lambda d: topk_entry(d).update(ci95=[float("-inf"), 0.0]), TOPK + "ci95 is a list of 2, not a"),
     ("interval as a string", lambda d: topk_entry(d).update(ci95="[-0.5, -0.1]"), TOPK + "ci95 is '[-0.5, -0.1]'"),
-    ("one-element interval", lambda d: topk_entry(d).update(ci90=[-0.3]), TOPK + "ci90 is a list of 1, not a 90%"),
+    ("one-element interval", lambda d: topk_entry(d).update(ci_eq=[-0.3]), TOPK + "ci_eq is a list of 1, not a"),
+    ("a format-1 verdict (ci90)", lambda d: topk_entry(d).update(ci90=topk_entry(d).pop("ci_eq")),
+     TOPK + "ci_eq is null, not a"),
+    ("NaN level", lambda d: topk_entry(d).update(level=float("nan")), TOPK + "level is nan, not the equivalence"),
+    ("seeds negative", lambda d: topk_entry(d).update(seeds=-1), TOPK + "seeds is -1, not a count of paired seeds"),
+    ("seeds true", lambda d: topk_entry(d).update(seeds=True), TOPK + "seeds is true, not a count of paired seeds"),
     ("verdict a list", lambda d: d["groups"][2]["verdicts"].update({"final AUROC": [-0.3]}),
      TOPK + "a list of 1, not a verdict"),
-    ("other metric's entry broken", lambda d: d["groups"][2]["verdicts"]["final F1"].update(ci90=[0.02, -0.04]),
-     "group '+parallel=ddp_topk': 'final F1': the 90% interval [+0.020, -0.040] is reversed"),
+    ("other metric's entry broken", lambda d: d["groups"][2]["verdicts"]["final F1"].update(ci_eq=[0.02, -0.04]),
+     "group '+parallel=ddp_topk': 'final F1': the equivalence interval [+0.020, -0.040] is reversed"),
     ("verdicts null", lambda d: d["groups"][1].update(verdicts=None),
      "group '+parallel=ring_fp16': verdicts is null, not an object"),
     ("overrides a string", lambda d: d["groups"][1].update(overrides="+parallel=ring_fp16"),
@@ -240,12 +265,23 @@ BAD_RECORDS = [
     ("two baselines", lambda d: d["groups"][1].update(baseline=True), "2 groups are marked baseline"),
     ("a list, not a record", lambda d: [d], "holds a list of 1, not a record of verdicts"),
     ("no margin", lambda d: d.pop("margin") and None, "margin is null, not a number in [0, 1)"),
+    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 2: a record of an unknown"),
+    ("a format to come", lambda d: d.update(format=3), "format is 3, not 2: a record of an unknown format"),
+    ("format as text", lambda d: d.update(format="2"), "format is '2', not 2"),
+    ("task a list", lambda d: d.update(task=["small_cnn"]), "task is a list of 1, not the task the verdicts"),
+    ("another task", lambda d: d["task"]["model"].update(width=8),
+     "its verdicts are of another task (model.width: 8 in the record, 32 here)"),
+    ("another task's every field", lambda d: d.update(task={k: "x" for k in ("model", "data", "optim", "world_size",
+                                                                           "samples")}),
+     "its verdicts are of another task (model: 'x' in the record, a mapping of 4 here; data: 'x' in the record, a "
+     "mapping of "),
+    ("no task recorded", lambda d: d.update(task=None), "its verdicts are of another task (the record names none"),
 ]
 
 
 def test_a_sound_quality_record_is_read_as_it_was_written(tmp_path, monkeypatch, capsys):
-    """The control: the record the bad ones are made from passes, ddp_topk's verdict (worse) leaves it out, and the
-    shipped slow-link story's record passes the same checks."""
+    """The control: the record the bad ones are made from passes and ddp_topk's verdict (worse) leaves it out. The
+    shipped slow-link story's record (format 1: no task, ci90) stays a result, not a record the planner reads."""
     path = tmp_path / "quality.json"
     records.write_json(path, record(verdict(-0.300, [-0.45, -0.15], [-0.40, -0.20])))
     monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", *PLAN, "presets=[ddp,ring_fp16,ddp_topk]",
@@ -255,14 +291,17 @@ def test_a_sound_quality_record_is_read_as_it_was_written(tmp_path, monkeypatch,
     got = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert {r["preset"]: r["quality"] for r in got["rows"]}["ddp_topk"] == "worse"
     assert "+parallel=ddp_topk" not in got["recommended"]
-    assert len(quality.read_record(Path(ROOT, "docs", "results", "cluster-story-quality.json"))["groups"]) == 11
+    shipped = Path(ROOT, "docs", "results", "cluster-story-quality.json")
+    assert len(records.read_json(shipped)["groups"]) == 11
+    with pytest.raises(ValueError, match="format is null, not 2"):
+        quality.read_record(shipped)
 
 
 @pytest.mark.parametrize("case, change, words", BAD_RECORDS, ids=[c[0] for c in BAD_RECORDS])
 def test_a_quality_record_whose_numbers_do_not_hold_together_is_one_line_naming_the_group_and_entry(
         tmp_path, monkeypatch, capsys, case, change, words):
     """A reversed 90% interval around -0.300 was read as 'equivalent (-0.300)' and ddp_topk recommended; now each
-    broken record is refused before anything is measured or written."""
+    broken record, and one of another format or task, is refused before anything is measured or written."""
     doc = record(verdict(-0.300, [-0.45, -0.15], [-0.40, -0.20]))
     doc = change(doc) or doc  # (a change returns a whole new document, or None having changed this one)
     path = tmp_path / "quality.json"

@@ -17,7 +17,7 @@ from conftest import ROOT, error_line, plan_refusal, workers
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ringexp import comm, compress, parallel, predict, quality, records
+from ringexp import comm, compare, compress, parallel, predict, quality, records
 from ringexp import dist as rdist
 from ringexp.cluster import costmodel
 from ringexp.cluster import files as clusters
@@ -27,6 +27,7 @@ from ringexp.models import build_model
 from ringexp.parallel.ddp import bucket_shapes
 from ringexp.plan.cli import main
 from ringexp.plan.host import CODECS
+from ringexp.validate import compose_config
 
 # 2 nodes x 2 ranks; numbers chosen so that every term is easy to add up by hand
 CL = ClusterConfig(name="hand", nodes=2, ranks_per_node=2, intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-8),
@@ -189,7 +190,9 @@ def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_com
     got = json.loads((pred / "plan.json").read_text())
     (row,) = got["rows"]
     assert row["preset"] == "ring_fp16" and row["step_s"] >= 0.035 and (pred / "plan.png").stat().st_size > 10000
-    assert "Recommended" in (pred / "plan.md").read_text() and "+parallel=ring_fp16" in got["recommended"]
+    # (no quality record: ring_fp16 has no verdict for this task, so the baseline is recommended, not it)
+    assert "Recommended" in (pred / "plan.md").read_text() and "+parallel=ddp " in got["recommended"]
+    assert row["quality"] == predict.NO_VERDICT
 
 
 @pytest.mark.slow
@@ -278,7 +281,7 @@ BAD = [
     (["predict", "model.name=resnet_nosuch"], "model.name=resnet_nosuch is neither small_cnn nor a timm model"),
     (["predict", "+parallel=single"], "+parallel=single runs one rank"),
     (["predict", "presets=[ddp,nosuch]"], "presets: no preset nosuch"),
-    (["predict", "quality=/nonexistent/q.json"], "quality=/nonexistent/q.json: no such file"),
+    (["predict", "quality=/nonexistent/q.json"], "quality=/nonexistent/q.json: no such file (give the quality.json"),
     (["predict", "quality_budget=-0.01"], "quality_budget=-0.01: must be in [0, 1)"),
     (["calibrate", "nprocs=1"], "nprocs=1: calibrate needs at least 2 ranks"),
     (["accuracy", "bench=[/nonexistent/bench.json]"], "bench=/nonexistent/bench.json: cannot read it"),
@@ -407,41 +410,171 @@ def test_accuracy_on_a_bench_file_of_the_wrong_shape_is_one_line_naming_it(tmp_p
     assert not (tmp_path / "acc").exists()
 
 
-def quality_record(path, **diffs):
-    """compare's quality.json with a verdict per preset from paired differences over 3 seeds."""
-    task = ["model.width=32", "steps=120"]  # what every group of the record shares
-    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}, "overrides": ["+parallel=ddp", *task]}]
-    groups += [{"group": f"+parallel={name}", "baseline": False, "overrides": [*task, f"+parallel={name}"],
-                "verdicts": {"final AUROC": quality.paired_seeds([d - 0.002, d, d + 0.002], 0.02).record()}}
-               for name, d in diffs.items()]
+# The plan the quality tests predict (a slow link, where PowerSGD is predicted fastest), and the task it is: the
+# ddp preset with its training overrides, composed as training composes it, on the cluster's 2 x 2 ranks
+PLAN_Q = ["cluster=local_2x2_250mbit", "model.width=32", "presets=[ddp,ring_fp16,ddp_powersgd,ddp_topk]",
+          "forward_s=0.01", "backward_s=0.02", "optimizer_s=0.002"]
+
+
+def plan_task(*train, nodes=2, ranks=4) -> dict:
+    return quality.task_of(compose_config(["model.width=32", *train, "+parallel=ddp"], nodes), ranks)
+
+
+def quality_record(path, task=None, one_seed=(), **diffs):
+    """compare's quality.json (format 2) of `task` (default: the plan's) with a verdict per preset from paired
+    differences over 3 seeds, or for a preset in `one_seed` a validation-set verdict of one shared seed (a
+    bootstrap's interval: as narrow as three seeds', but an indication only)."""
+    overrides = ["model.width=32"]  # what every group of the record shares
+    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}, "overrides": ["+parallel=ddp", *overrides]}]
+    for name, d in diffs.items():
+        v = quality.paired_seeds([d - 0.002, d, d + 0.002], 0.02)
+        if name in one_seed:
+            v = dataclasses.replace(v, test="validation-set bootstrap, seed 0 vs 0", seeds=1)
+        groups.append({"group": f"+parallel={name}", "baseline": False, "overrides": [*overrides, f"+parallel={name}"],
+                       "verdicts": {"final AUROC": v.record()}})
     groups.append({"group": "+parallel=ddp_topk compression.ratio=0.001", "baseline": False,  # not a preset alone
-                   "overrides": [*task, "+parallel=ddp_topk", "compression.ratio=0.001"],
+                   "overrides": [*overrides, "+parallel=ddp_topk", "compression.ratio=0.001"],
                    "verdicts": {"final AUROC": quality.paired_seeds([0.0, 0.001, 0.002], 0.02).record()}})
-    records.write_json(path, {"margin": 0.02, "metric": "final AUROC", "groups": groups})
+    records.write_json(path, {"format": quality.FORMAT, "task": plan_task() if task is None else task,
+                              "margin": 0.02, "metric": "final AUROC", "groups": groups})
     return path
 
 
-def test_the_recommendation_follows_the_measured_verdicts(tmp_path, monkeypatch, capsys):
-    """On a slow link PowerSGD is predicted fastest: recommended where its record calls it equivalent, left out
-    where a new measurement calls it worse (ring_fp16, equivalent, is then chosen); a wider quality_budget makes
-    the same measurement acceptable. No record for a compressing preset: unmeasured, never recommended."""
-    def recommended(record, *extra):
-        out = tmp_path / f"out-{record.stem}-{len(extra)}"
-        monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", "cluster=local_2x2_250mbit", "model.width=32",
-                                          "presets=[ddp,ring_fp16,ddp_powersgd,ddp_topk]", "forward_s=0.01",
-                                          "backward_s=0.02", "optimizer_s=0.002", f"quality={record}", f"out={out}",
-                                          *extra])
-        main()
-        capsys.readouterr()
-        got = json.loads((out / "plan.json").read_text())
-        return got["recommended"], {r["preset"]: r["quality"] for r in got["rows"]}
+def predicted(tmp_path, monkeypatch, capsys, *extra) -> tuple:
+    """(plan.json, plan.md's text) of predict on PLAN_Q with `extra` arguments."""
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", *PLAN_Q, f"out={out}", *extra])
+    main()
+    capsys.readouterr()
+    return json.loads((out / "plan.json").read_text()), (out / "plan.md").read_text()
 
+
+def words(got: dict) -> dict:
+    return {r["preset"]: r["quality"] for r in got["rows"]}
+
+
+def test_the_recommendation_follows_the_measured_verdicts(tmp_path, monkeypatch, capsys):
+    """On a slow link PowerSGD is predicted fastest: recommended where its record of this task calls it equivalent
+    over 3 seeds, left out where a new measurement calls it worse (ring_fp16, equivalent, is then chosen); a wider
+    quality_budget makes the same measurement acceptable. No verdict for a compressing preset: never recommended."""
     good = quality_record(tmp_path / "good.json", ring_fp16=0.001, ddp_powersgd=-0.004)
     bad = quality_record(tmp_path / "bad.json", ring_fp16=0.001, ddp_powersgd=-0.03)
-    command, verdicts = recommended(good)
-    assert "+parallel=ddp_powersgd" in command and verdicts == {
-        "ddp": "exact", "ring_fp16": "equivalent", "ddp_powersgd": "equivalent", "ddp_topk": "unmeasured"}
-    command, verdicts = recommended(bad)
-    assert "+parallel=ring_fp16" in command and verdicts["ddp_powersgd"] == "worse"
-    command, verdicts = recommended(bad, "quality_budget=0.05")
-    assert "+parallel=ddp_powersgd" in command and verdicts["ddp_powersgd"] == "equivalent"
+    got, text = predicted(tmp_path, monkeypatch, capsys, f"quality={good}")
+    assert "+parallel=ddp_powersgd" in got["recommended"] and words(got) == {
+        "ddp": "exact", "ring_fp16": "equivalent", "ddp_powersgd": "equivalent", "ddp_topk": predict.NO_VERDICT}
+    assert got["task"] == plan_task() and f"the verdicts of {good}, measured on this task" in text
+    got, _ = predicted(tmp_path, monkeypatch, capsys, f"quality={bad}")
+    assert "+parallel=ring_fp16" in got["recommended"] and words(got)["ddp_powersgd"] == "worse"
+    got, _ = predicted(tmp_path, monkeypatch, capsys, f"quality={bad}", "quality_budget=0.05")
+    assert "+parallel=ddp_powersgd" in got["recommended"] and words(got)["ddp_powersgd"] == "equivalent"
+
+
+def test_a_one_seed_verdict_is_shown_as_an_indication_and_never_acted_on(tmp_path, monkeypatch, capsys):
+    """The same record, PowerSGD's verdict now from one shared seed (its numbers still equivalent): shown as
+    indicative with its difference, not recommended; with ring_fp16's on one seed too, only exact presets are left:
+    the fastest of them is recommended and the report says what the others lack and how to get it."""
+    record = quality_record(tmp_path / "q.json", one_seed={"ddp_powersgd"}, ring_fp16=0.001, ddp_powersgd=-0.004)
+    got, text = predicted(tmp_path, monkeypatch, capsys, f"quality={record}")
+    assert words(got)["ddp_powersgd"] == quality.INDICATIVE == "one seed (indicative)"
+    assert "+parallel=ring_fp16" in got["recommended"] and words(got)["ring_fp16"] == "equivalent"
+    assert "| one seed (indicative) (-0.004) |" in text
+    assert "Left out, no decisive verdict on this task: ddp_powersgd (one seed only), ddp_topk\n" in text
+    record = quality_record(tmp_path / "q1.json", one_seed={"ddp_powersgd", "ring_fp16"}, ring_fp16=0.001,
+                            ddp_powersgd=-0.004)
+    got, text = predicted(tmp_path, monkeypatch, capsys, f"quality={record}")
+    assert got["recommended"].startswith("python -m ringexp.train +parallel=ddp ") and \
+        set(words(got).values()) == {"exact", quality.INDICATIVE, predict.NO_VERDICT}
+    assert ("need a decisive verdict on this task to be recommended; none for: ring_fp16 (one seed only), "
+            "ddp_powersgd (one seed only), ddp_topk\n") in text
+    assert "+parallel=ddp,ring_fp16,ddp_powersgd,ddp_topk seed=0,1,2 model.width=32" in text
+
+
+def test_without_a_record_only_exact_presets_are_recommended_and_the_report_says_how_to_measure(
+        tmp_path, monkeypatch, capsys):
+    """No quality=: there is no default record (an installed package has no docs/results/): every preset is exact
+    or has no verdict for this task, the fastest exact one is recommended, and the report names the seed sweep
+    (and the tune) that would give the others a verdict. One preset asked for without a verdict: ddp, the
+    baseline, is recommended rather than it."""
+    got, text = predicted(tmp_path, monkeypatch, capsys)
+    assert words(got) == {"ddp": "exact", "ring_fp16": predict.NO_VERDICT, "ddp_powersgd": predict.NO_VERDICT,
+                          "ddp_topk": predict.NO_VERDICT} and got["quality"] is None
+    assert got["recommended"] == "python -m ringexp.train +parallel=ddp model.width=32"
+    assert "equivalent" not in "".join(r["quality"] for r in got["rows"])
+    assert "no record of verdicts given (quality=PATH)" in text and "seed sweep of it on 4 ranks" in text
+    assert "python -m ringexp.train -m +parallel=ddp,ring_fp16,ddp_powersgd,ddp_topk seed=0,1,2" in text
+    assert "python -m ringexp.tune" in text and "docs/results" not in text
+    got, text = predicted(tmp_path, monkeypatch, capsys, "+parallel=ring_fp16")
+    assert words(got) == {"ring_fp16": predict.NO_VERDICT} and "+parallel=ddp " in got["recommended"] + " "
+    assert "the baseline: no preset predicted here is exact or has a decisive verdict on this task" in text
+
+
+def test_a_seed_sweep_s_own_record_of_this_task_is_what_predict_recommends_from(tmp_path, monkeypatch, capsys):
+    """End to end: compare over a seed sweep whose runs recorded this task (3 seeds of ddp, ddp_powersgd just below
+    it, ddp_topk far worse) writes quality.json; predict reads it: PowerSGD equivalent and recommended, top-k worse.
+    The same sweep's record given to a plan of another world size is refused."""
+    sweep = tmp_path / "sweep"
+    jitter = {"ddp": (0.0, 0.0, 0.0), "ddp_powersgd": (0.0, 0.001, 0.002), "ddp_topk": (0.003, -0.002, 0.0)}
+    for seed in range(3):
+        for preset, auroc in (("ddp", 0.90), ("ddp_powersgd", 0.897), ("ddp_topk", 0.80)):
+            overrides = ["model.width=32", f"+parallel={preset}", f"seed={seed}"]
+            got = auroc + (0.004, -0.003, 0.001)[seed] + jitter[preset][seed]  # (seed 0's task is easier)
+            run = tmp_path / "sweep" / f"{preset}-{seed}"
+            run.mkdir(parents=True)
+            records.write_summary(run, {
+                "status": "completed", "name": ",".join(overrides), "job_type": preset, "strategy": preset,
+                "choices": {"parallel": preset}, "overrides": overrides, "world_size": 4, "task": plan_task(),
+                "throughput": {"median": 40.0, "p10": 36.0, "p90": 44.0},
+                "time": {"step_s": 0.1, "compute_s": 0.06, "comm_s": 0.03, "exposed_comm_s": 0.02},
+                "final": {"auroc_macro": got, "f1_macro": 0.2, "step": 200},
+                "best": {"auroc_macro": got, "f1_macro": 0.2, "step": 200}})
+    assert compare.main([str(sweep)]) == 0
+    capsys.readouterr()
+    record = quality.read_record(sweep / "quality.json")
+    assert record["task"] == plan_task() and record["format"] == quality.FORMAT
+    got, _ = predicted(tmp_path, monkeypatch, capsys, f"quality={sweep / 'quality.json'}")
+    assert "+parallel=ddp_powersgd" in got["recommended"]
+    assert (words(got)["ddp_powersgd"], words(got)["ddp_topk"]) == ("equivalent", "worse")
+    line = plan_refusal(monkeypatch, capsys, ["predict", *PLAN_Q, "ranks_per_node=1",
+                                              f"quality={sweep / 'quality.json'}", f"out={tmp_path / 'other'}"])
+    assert "its verdicts are of another task (world_size: 4 in the record, 2 here; samples: " in line, line
+    assert not (tmp_path / "other").exists()
+
+
+ANOTHER_TASK = [
+    ("model", lambda: plan_task("model.width=8"), "model.width: 8 in the record, 32 here"),
+    ("steps", lambda: plan_task("steps=120"), "samples: 30720 in the record, 76800 here"),
+    ("ranks", lambda: plan_task(ranks=2), "world_size: 2 in the record, 4 here"),
+    ("optimizer", lambda: plan_task("optim.lr=0.5"), "optim.lr: 0.5 in the record, 0.003 here"),
+    ("absent", lambda: {k: v for k, v in plan_task().items() if k != "data"}, "data: absent in the record, a "),
+    ("null", lambda: None, "the record names none: its runs are from before runs recorded their task"),
+]
+
+
+@pytest.mark.parametrize("case, task, said", ANOTHER_TASK, ids=[c[0] for c in ANOTHER_TASK])
+def test_a_record_of_another_task_is_one_line_naming_what_differs_and_nothing_is_written(
+        tmp_path, monkeypatch, capsys, case, task, said):
+    """A verdict measured on another model, length, world size or optimizer says nothing of this task (the review's
+    case: a 120-step small-CNN record recommending PowerSGD for ResNet-18 at 3,000 steps): quality= naming one is
+    one line with the fields that differ, both values, exit 2, nothing predicted or written."""
+    record = quality_record(tmp_path / "q.json", task=task(), ring_fp16=0.001, ddp_powersgd=-0.004)
+    if case == "null":
+        doc = json.loads(record.read_text())
+        records.write_json(record, doc | {"task": None})
+    out = tmp_path / "out"
+    line = plan_refusal(monkeypatch, capsys, ["predict", *PLAN_Q, f"quality={record}", f"out={out}"])
+    assert line.startswith(f"ringexp: error: quality={record}: its verdicts are of another task (") and said in line
+    assert "seed sweep (docs/sweeps.md) or python -m ringexp.tune" in line and not out.exists()
+
+
+def test_a_record_of_an_older_format_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """The shipped slow-link story's record (format 1: no task, ci90) is a result, never a verdict predict uses: one
+    line, exit 2; so is a record of a format to come."""
+    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 2"),
+                         (tmp_path / "q3.json", "format is 3, not 2")):
+        if record.parent == tmp_path:
+            doc = json.loads(quality_record(record, ring_fp16=0.001).read_text())
+            records.write_json(record, doc | {"format": 3})
+        out = tmp_path / "out"
+        line = plan_refusal(monkeypatch, capsys, ["predict", *PLAN_Q, f"quality={record}", f"out={out}"])
+        assert line.startswith(f"ringexp: error: quality={record}: {said}: a record of an unknown format"), line
+        assert not out.exists()

@@ -22,8 +22,8 @@ class PlanConfig:
     plot_presets: List[str] = field(default_factory=lambda: ["ddp", "hierarchical", "hierarchical_int8", "ring_fp16",
                                                              "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
     quality_budget: float = quality.MARGIN  # predict: the equivalence margin a recommended preset must meet
-    # predict: the quality verdicts' record (compare's quality.json) whose paired differences judge each preset;
-    # null: the slow-link story's, docs/results/cluster-story-quality.json
+    # predict: the quality verdicts' record (compare's or the tune's quality.json) of this task (quality.task_of),
+    # whose decisive verdicts judge each preset; null: none, so only exact presets may be recommended
     quality: Optional[str] = None
     out: Optional[str] = None  # predict: where plan.md/json/png go; calibrate: the cluster file to write
     nprocs: int = 2  # calibrate: local workers (under torchrun or Slurm: the job's own ranks)

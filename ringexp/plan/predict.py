@@ -7,14 +7,14 @@ import json
 from functools import partial
 from pathlib import Path
 
-from ringexp import parallel, records
+from ringexp import parallel, quality, records
 from ringexp.cluster.files import file_name
 from ringexp.config import plain
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.plan.config import PlanConfig
 from ringexp.plan.report import plot, report
-from ringexp.predict import ELIGIBLE, QUALITY_RECORD, compute_times, judged, preset_config, presets, quality_of, row
+from ringexp.predict import ELIGIBLE, compute_times, judged, preset_config, presets, quality_of, row
 
 
 def predict(pc: PlanConfig, train: list) -> None:
@@ -25,12 +25,10 @@ def predict(pc: PlanConfig, train: list) -> None:
     bad = [p for p in pc.presets if p not in presets()]
     if bad:
         raise ConfigError(f"presets: no preset {bad[0]}; choose from {', '.join(presets())}")
-    if pc.quality and not Path(pc.quality).is_file():
-        raise ConfigError(f"quality={pc.quality}: no such file (give compare's quality.json, or leave it out for "
-                          f"{QUALITY_RECORD.relative_to(QUALITY_RECORD.parents[2])})")
-    verdicts = quality_of(pc.quality or QUALITY_RECORD)  # checked before anything is measured or written
     configs = {n: preset_config(n, rest, cl.nodes) for n in one or pc.presets or presets()}
     base = configs.get("ddp") or preset_config("ddp", rest, cl.nodes)
+    task = quality.task_of(base, cl.nodes * cl.ranks_per_node)  # the verdicts must be of it
+    verdicts = quality_of(pc.quality, task) if pc.quality else {}  # checked before anything is measured or written
     model = build_model(base.model, base.data.num_labels)
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
     given = {k: getattr(pc, k) for k in ("forward_s", "backward_s", "optimizer_s")}
@@ -42,18 +40,19 @@ def predict(pc: PlanConfig, train: list) -> None:
         r["speedup"] = r["samples_s"] / ddp["samples_s"]
     for r, cfg in zip(rows, configs.values(), strict=True):
         r["quality"], r["auroc_diff"] = judged(r["preset"], cfg, verdicts, pc.quality_budget)
-    ok = [r for r in rows if r["quality"] in ELIGIBLE] or rows
-    best = max(ok, key=lambda r: r["samples_s"])
+    ok = [r for r in rows if r["quality"] in ELIGIBLE]
+    best = max(ok, key=lambda r: r["samples_s"]) if ok else ddp  # (none: the baseline, exact by definition)
     command = " ".join(["python -m ringexp.train", f"+parallel={best['preset']}", *rest])
     out = out_dir(pc.out, cl.name, base.model.name)
     plotted = {n: c for n, c in (configs | {"ddp": base}).items() if n in pc.plot_presets}
     plot(cl, {n: partial(step_at, cfg=c, shapes=shapes, compute=compute) for n, c in plotted.items()},
          out / "plan.png")
-    text = report(cl, base, rows, compute, source, best, command, pc.quality_budget, pc.quality or QUALITY_RECORD)
+    text = report(cl, base, rows, compute, source, command, pc.quality_budget, pc.quality, rest)
     records.write_file(out / "plan.md", text)
     records.write_file(out / "plan.json", json.dumps({"cluster": plain(cl), "compute": compute,
                                                       "compute_source": source, "rows": rows,
-                                                      "recommended": command}, indent=1) + "\n")
+                                                      "recommended": command, "quality": pc.quality,
+                                                      "task": task}, indent=1) + "\n")
     print(text, end="")
     print(f"ringexp: wrote {out}/plan.md, plan.json and plan.png")
 

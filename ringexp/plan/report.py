@@ -4,14 +4,15 @@
 import dataclasses
 from pathlib import Path
 
+from ringexp import quality
 from ringexp.cluster import costmodel
 from ringexp.plotting import pyplot, save, short
+from ringexp.predict import ELIGIBLE, NO_VERDICT
 
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
 
 
-def report(cl, base, rows: list, compute: dict, source: str, best: dict, command: str, budget: float,
-           record) -> str:
+def report(cl, base, rows: list, compute: dict, source: str, command: str, budget: float, record, rest: list) -> str:
     ranks, nccl = cl.nodes * cl.ranks_per_node, cl.backend == "nccl"
     lines = [f"# Predicted by ringexp's cost model (not measured): {base.model.name}, batch {base.data.batch_size} "
              f"per rank, on {cl.name}: {cl.nodes} node(s) x {cl.ranks_per_node} = {ranks} ranks", "",
@@ -27,15 +28,40 @@ def report(cl, base, rows: list, compute: dict, source: str, best: dict, command
                      f"{r['comm_s']:.3f} | {r['exposed_s']:.3f} | {r['step_s']:.3f} | {r['samples_s']:.1f} | "
                      f"{r['speedup']:.2f}x | {r['sent_bytes'] / 1e6:.2f} | {r['quality']}{diff} |"
                      + (f" {r['nccl'] or 'its own p2p ring'} |" if nccl else ""))
-    left = [r for r in rows if r["quality"] not in ("exact", "equivalent", "better")]
-    lines += ["", f"Recommended (the fastest preset that is exact or equivalent to ddp within quality_budget={budget} "
-              f"macro-AUROC): `{command}`",
-              f"Quality: verdicts of {record} (measured on its own task: they vary with model and optimizer); "
-              "exact: uncompressed gradients at one micro-step, the same arithmetic as ddp"]
-    if left:
-        named = [f"{r['preset']} ({r['quality']})" for r in left]
-        lines.append(f"Left out for quality: {', '.join(named)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + quality_lines(rows, command, budget, record, rest, ranks)) + "\n"
+
+
+def quality_lines(rows: list, command: str, budget: float, record, rest: list, ranks: int) -> list:
+    """What the recommendation was chosen from, whose verdicts, what was left out, and how to get the verdicts this
+    task lacks (`record`: the quality= file, or None; `rest`: the user's training overrides; `ranks`: the task's
+    world size)."""
+    ok = [r for r in rows if r["quality"] in ELIGIBLE]
+    lines = ["", (f"Recommended (the fastest preset that is exact, or equivalent or better than ddp within "
+                  f"quality_budget={budget} macro-AUROC by a decisive verdict: {quality.MIN_SEEDS} paired seeds or "
+                  f"more): `{command}`") if ok else
+             (f"Recommended: `{command}`, the baseline: no preset predicted here is exact or has a decisive verdict "
+              "on this task"),
+             (f"Quality: the verdicts of {record}, measured on this task (the same model, data, optimizer, world "
+              "size, samples and evaluation spacing) and judged again at quality_budget; a verdict on one seed is "
+              f"shown as {quality.INDICATIVE} and not acted on" if record else
+              "Quality: no record of verdicts given (quality=PATH), so none is known for this task") +
+             "; exact: uncompressed gradients at one micro-step, the same arithmetic as ddp"]
+    wanting = [r for r in rows if r["quality"] in (NO_VERDICT, quality.INDICATIVE)]
+    if judged := [r for r in rows if r["quality"] not in (*ELIGIBLE, NO_VERDICT, quality.INDICATIVE)]:
+        lines.append("Left out for quality: " + ", ".join(f"{r['preset']} ({r['quality']})" for r in judged))
+    if wanting:
+        named = ", ".join(r["preset"] + (" (one seed only)" if r["quality"] == quality.INDICATIVE else "")
+                          for r in wanting)
+        lines.append(("Compressed presets (and those with accumulation or autocast) need a decisive verdict on this "
+                      f"task to be recommended; none for: {named}") if all(r["quality"] == "exact" for r in ok) else
+                     f"Left out, no decisive verdict on this task: {named}")
+        presets = ",".join(["ddp", *(r["preset"] for r in wanting)])
+        sweep = " ".join(["python -m ringexp.train -m", f"+parallel={presets}", "seed=0,1,2", *rest])
+        lines.append(f"To get a verdict for this task: a seed sweep of it on {ranks} ranks, `{sweep}`, whose "
+                     "report writes quality.json into the sweep directory (or `python -m ringexp.compare "
+                     "SWEEP_DIRS`, docs/sweeps.md), then quality=SWEEP/quality.json; or `python -m ringexp.tune`, "
+                     "whose tune.out gets one for what it verifies (docs/tune.md)")
+    return lines
 
 
 def level_line(name: str, link, per: str) -> str:
