@@ -58,4 +58,4 @@ if [[ " ${parts[*]} " == *" bound "* ]]; then
     "tune.knobs=[$knobs]" tune.budget_min=150 tune.seeds=7 tune.verify=10 tune.trial_steps=20 tune.rungs=1 \
     "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/bound"
 fi
-python -m ringexp.tune.story "$out" "$root/outputs/cluster-story"
+python -m ringexp.tune.story "$out"  # the exhaustive sweep as recorded: docs/results/tune-story-sweep.json
