@@ -112,6 +112,19 @@ def test_a_candidate_with_a_crashed_seed_is_never_chosen():
             assert "not chosen" in sim.verified[-1][1][1]
 
 
+def test_a_candidate_without_a_verdict_blames_nothing_and_is_not_chosen():
+    """A candidate whose every run crashed has no verdict (None, its note): verification goes on past it."""
+    tc = TuneConfig(seeds=3, verify=2, quality_budget=MARGIN)
+    bad = SimpleNamespace(name="ring acc4", overrides=["+parallel=ring", "accumulation.steps=4"])
+    good = SimpleNamespace(name="hier acc4", overrides=["+parallel=hier", "accumulation.steps=4"])
+    sim = Sim(tc, {bad.name: 0.0, good.name: 0.0}, 0.0, np.random.default_rng(0))
+    sim.verified.append((SimpleNamespace(name="ring", overrides=["+parallel=ring"]), (None, "seed 0 crashed")))
+    real = sim.full
+    sim.full = lambda c, i: {**real(c, i), "status": "crashed"} if c is bad else real(c, i)
+    verify.verify(sim, [(bad, None), (good, None)], bar=lambda x, **_: x)
+    assert [c.name for c, _ in sim.verified][1:] == [bad.name] and sim.verified[1][1][0] is None, sim.verified
+
+
 def test_a_knob_is_blamed_only_against_its_own_preset_without_it():
     """ddp_topk with a bucket size is worse because top-k is (the preset alone is worse too): ddp_fp16 with the same
     bucket size is still verified. A knob whose preset alone is equivalent is blamed, and skipped elsewhere."""

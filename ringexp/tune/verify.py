@@ -57,10 +57,10 @@ def blame(t, c) -> dict:
     """{knob override: candidate name} for `c`'s knobs when `c` was decisively worse and its own preset without
     them was verified and not worse: only then is the knob, not the preset, what made it worse."""
     mine = t.verified[-1][1]
-    if len(c.overrides) < 2 or not (mine and mine[0].decisive and mine[0].word == "worse"):
+    if len(c.overrides) < 2 or not (mine and mine[0] and mine[0].decisive and mine[0].word == "worse"):
         return {}
     preset = next((v for d, v in t.verified if d.overrides == c.overrides[:1]), None)
-    if not (preset and preset[0].decisive and preset[0].word != "worse"):
+    if not (preset and preset[0] and preset[0].decisive and preset[0].word != "worse"):
         return {}
     return {k: c.name for k in c.overrides[1:]}
 
