@@ -6,6 +6,7 @@ predicted columns, the tune's ranking): one function per question, so that no tw
     row(name, cfg, cl, shapes, compute, here)       one configuration's predicted step on one cluster (its strategy's
                                                     step_cost and traffic; PowerSGD's arithmetic measured here where
                                                     `here` says this machine is the cluster's kind)
+    over_steps(..., first, last)                    the same over a run's steps, its uncompressed first ones included
     quality_of(path, task), judged(...)             the quality verdicts a configuration is judged by: a record's,
                                                     only of the same task (quality.task_of), only decisive ones
 """
@@ -14,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -21,10 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ringexp import compress, parallel, quality
 from ringexp import dist as rdist
-from ringexp import parallel, quality
 from ringexp.compress import powersgd
-from ringexp.config import CONF_DIR
+from ringexp.config import CONF_DIR, CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.optim import build_optimizer
@@ -109,6 +111,20 @@ def row(name: str, cfg, cl, shapes: list, compute: dict, here: bool) -> dict:
     return {"preset": name, "strategy": str(cfg.parallel.strategy), "compression": c.name,
             "accumulation": cfg.accumulation.steps, **got,
             "sent_bytes": parallel.traffic(cfg, parallel.World.of_cluster(cl), shapes)}
+
+
+def over_steps(name: str, cfg, cl, shapes: list, compute: dict, here: bool, first: int, last: int) -> dict:
+    """`row` of `cfg` over its steps first..last: the steps before its compressor's first compressed one (PowerSGD's
+    start_step) at the uncompressed config's step, the rest at its own. The headline of a configuration that changes
+    phase (a run's `throughput.whole_run` is what it is compared with); `row` itself is the steady compressed step."""
+    got = row(name, cfg, cl, shapes, compute, here)
+    start = compress.first_compressed_step(cfg.compression)
+    if start <= first:
+        return got
+    plain = row(name, replace(cfg, compression=CompressionConfig()), cl, shapes, compute, here)
+    f = max(0, last - start + 1) / (last - first + 1)
+    step = f * got["step_s"] + (1 - f) * plain["step_s"]
+    return got | {"step_s": step, "samples_s": got["samples_s"] * got["step_s"] / step}
 
 
 ELIGIBLE = ("exact", "equivalent", "better")  # what the recommendation may choose from (the words of decisive verdicts)

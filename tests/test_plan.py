@@ -469,6 +469,19 @@ def test_the_recommendation_follows_the_measured_verdicts(tmp_path, monkeypatch,
     assert "+parallel=ddp_powersgd" in got["recommended"] and words(got)["ddp_powersgd"] == "equivalent"
 
 
+def test_a_preset_that_changes_phase_is_ranked_by_its_whole_run(tmp_path, monkeypatch, capsys):
+    """PowerSGD's uncompressed first steps (start_step) count in its headline: over a run of as many steps as its
+    start, its whole run is plain DDP's speed, not its compressed one; over a long run it nears the compressed one."""
+    for steps, near in ((60, "ddp"), (6000, "steady")):
+        got, text = predicted(tmp_path, monkeypatch, capsys, f"steps={steps}", "compression.start_step=60")
+        rows = {r["preset"]: r for r in got["rows"]}
+        psgd, ddp = rows["ddp_powersgd"], rows["ddp"]
+        assert psgd["samples_s"] > 1.5 * ddp["samples_s"] and "whole run samples/s" in text
+        want = ddp["samples_s"] if near == "ddp" else psgd["samples_s"]
+        assert psgd["whole_samples_s"] == pytest.approx(want, rel=0.02) and psgd["speedup"] == pytest.approx(
+            psgd["whole_samples_s"] / ddp["samples_s"]), (steps, psgd)
+
+
 def test_a_one_seed_verdict_is_shown_as_an_indication_and_never_acted_on(tmp_path, monkeypatch, capsys):
     """The same record, PowerSGD's verdict now from one shared seed (its numbers still equivalent): shown as
     indicative with its difference, not recommended; with ring_fp16's on one seed too, only exact presets are left:

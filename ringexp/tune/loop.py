@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from ringexp import compress, predict, records
 from ringexp.cluster import files as clusters
-from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError, one_line, print_warning
 from ringexp.models import build_model
 from ringexp.tune import budget, space, trials, verify
@@ -83,12 +82,9 @@ class Tune:
         if not rec.get("start_step"):
             return rec["samples_s"]
         steps, _ = self.full_steps(c)
-        start = compress.first_compressed_step(c.cfg.compression)
-        plain, compressed = (predict.row("", cfg, self.cluster, self.shapes, self.compute, False)["step_s"]
-                             for cfg in (dataclasses.replace(c.cfg, compression=CompressionConfig()), c.cfg))
-        f = max(0, steps - start + 1) / steps
-        whole = rec["step_s"] * (f + (1 - f) * plain / compressed)
-        return rec["samples_s"] * rec["step_s"] / whole
+        args = (c.cfg, self.cluster, self.shapes, self.compute, False)
+        compressed, whole = predict.row("", *args)["step_s"], predict.over_steps("", *args, 1, steps)["step_s"]
+        return rec["samples_s"] * compressed / whole
 
     def timed(self, key: str, phase: str, work):
         """A step of the tune's own (the planner's), recorded with its time like a trial."""
@@ -153,18 +149,10 @@ class Tune:
         full-length run), from the cluster file's codec costs (not PowerSGD measured here, whose noise would make
         two equal configurations predict apart). Steps before the compressor's first compressed one (PowerSGD's
         start_step) are predicted uncompressed: a short trial of PowerSGD measures plain DDP."""
-        cl, compute = cl or self.cluster, compute or self.compute
-        row = predict.row("", cfg, cl, self.shapes, compute, False)
         first, last = window or (1, math.ceil(self.base.steps * self.base.accumulation.steps
                                               / cfg.accumulation.steps))
-        start = compress.first_compressed_step(cfg.compression)
-        if start <= first:
-            return row
-        plain = predict.row("", dataclasses.replace(cfg, compression=CompressionConfig()), cl, self.shapes, compute,
-                         False)
-        f = max(0, last - start + 1) / (last - first + 1)
-        step = f * row["step_s"] + (1 - f) * plain["step_s"]
-        return row | {"step_s": step, "samples_s": row["samples_s"] * row["step_s"] / step}
+        return predict.over_steps("", cfg, cl or self.cluster, self.shapes, compute or self.compute, False, first,
+                                  last)
 
     def at_trial(self, rec: dict, cl=None, compute=None) -> float:
         """The predicted step of trial record `rec`: over the steps its throughput was measured on."""
