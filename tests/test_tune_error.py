@@ -72,7 +72,7 @@ JUST_PAST = [-0.021, -0.021, -0.021, -0.021]  # the review: 13-16% chosen harmfu
 @pytest.mark.parametrize("effects,crash", [(FOUR_HARMFUL_AHEAD, 0.0), (JUST_PAST, 0.0), (JUST_PAST, 0.1),
                                            (FOUR_HARMFUL_AHEAD, 0.3)])
 def test_the_chosen_candidate_is_harmful_at_most_at_the_stated_error(effects, crash):
-    draws = 1500
+    draws = 1000
     rate = harmful_choice_rate(effects, crash, 0.05, draws)
     assert bound(rate, draws, 0.05), rate
 
@@ -80,7 +80,7 @@ def test_the_chosen_candidate_is_harmful_at_most_at_the_stated_error(effects, cr
 def test_without_the_correction_the_same_scenario_breaks_the_bound():
     """Each of the four tests at 5% (tune.error = 5% x 4, what the tune did before Bonferroni): far above 5%, so
     the bound above is a check that can fail."""
-    draws = 1500
+    draws = 1000
     assert harmful_choice_rate(JUST_PAST, 0.0, 0.05 * len(JUST_PAST), draws) > 0.09
 
 
