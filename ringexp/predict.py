@@ -11,7 +11,6 @@ predicted columns, the tune's ranking): one function per question, so that no tw
                                                     only of the same task (quality.task_of), only decisive ones
 """
 
-import json
 import subprocess
 import sys
 import time
@@ -168,7 +167,7 @@ def task_differences(theirs, ours: dict) -> str:
     they are the same task. Leaves are compared as JSON writes them (1 is not 1.0, nor true)."""
     if theirs is None:
         return "the record names none: its runs are from before runs recorded their task"
-    differ = list(_differing(theirs, json.loads(json.dumps(ours)), ""))
+    differ = list(_differing(theirs, _as_written(ours), ""))
     said = "; ".join(f"{key}: {_shown(a)} in the record, {_shown(b)} here" for key, a, b in differ[:SHOWN])
     return said + (f"; and {len(differ) - SHOWN} more" if len(differ) > SHOWN else "")
 
@@ -180,8 +179,28 @@ def _differing(theirs: dict, ours: dict, prefix: str):
         name = prefix + (key if len(key) <= 40 else key[:39] + "~")
         if isinstance(a, dict) and isinstance(b, dict):
             yield from _differing(a, b, name + ".")  # (as deep as ours goes: a record's own nesting is not followed)
-        elif a is _ABSENT or b is _ABSENT or json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
+        elif a is _ABSENT or b is _ABSENT or not _same(a, b):
             yield name, a, b
+
+
+def _as_written(x):
+    """`x` (quality.task_of's plain values) as a record holds it once written: str keys, lists, enums as text."""
+    if isinstance(x, dict):
+        return {str(k): _as_written(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_as_written(v) for v in x]
+    return str(x) if isinstance(x, str) else x
+
+
+def _same(a, b) -> bool:
+    """Equal values of equal kinds (1 is not 1.0, nor true), lists and mappings item by item."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
 
 
 def _shown(x) -> str:
@@ -189,10 +208,10 @@ def _shown(x) -> str:
     if x is _ABSENT:
         return "absent"
     if x is None or isinstance(x, bool):
-        return json.dumps(x)
+        return {None: "null", True: "true", False: "false"}[x]
     if isinstance(x, str | int | float):
         return ascii(x)[:40]
-    text = json.dumps(x)
+    text = ascii(x)
     return text if len(text) <= 40 else f"a {'list' if isinstance(x, list) else 'mapping'} of {len(x)}"
 
 
