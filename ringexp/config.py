@@ -60,6 +60,12 @@ class CompressionScope(StrEnum):
     inter_node = "inter_node"  # hierarchical: compress only the traffic between nodes
 
 
+class CompressionCollective(StrEnum):
+    auto = "auto"  # two_phase from 3 ranks up (and for scope=inter_node), else all_gather
+    two_phase = "two_phase"  # compressed all-to-all, the owner's sum compressed again, all-gather (comm/two_phase.py)
+    all_gather = "all_gather"  # every rank's payload to every rank: (p-1) payloads per rank, growing with p
+
+
 class AmpMode(StrEnum):
     off = "off"
     bf16 = "bf16"
@@ -148,6 +154,8 @@ class CompressionConfig:
     warmup_ratio: float = 0.25
     momentum_correction: bool = False  # topk / randomk with optim=sgd: DGC's momentum correction
     scope: CompressionScope = CompressionScope.all  # hierarchical: all or inter_node
+    # how payloads that cannot be summed on the wire (sign, topk, int8 on builtin) are reduced; docs/compression.md
+    collective: CompressionCollective = CompressionCollective.auto
 
     def __post_init__(self):
         need(0 < self.ratio <= 1, "compression.ratio", self.ratio, "must be in (0, 1], e.g. 0.01 for 1%")

@@ -121,7 +121,7 @@ def collective_worker(cases):
         c = cfg(name, ratio=0.1, block=1000, error_feedback=False)
         x = torch.randn(numel, generator=torch.Generator().manual_seed(100 * env.rank + numel)) * 5
         y = compress.all_reduce(x.clone(), algo, compress.State(c), **opts)
-        wrong = count_wrong(x, y, c, "float32", n)
+        wrong = count_wrong(x, y, c, "float32", n, algo)
         agreed = y.clone()
         dist.broadcast(agreed, 0)
         if wrong or not torch.equal(agreed, y):

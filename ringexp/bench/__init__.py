@@ -130,12 +130,19 @@ def row_specs(cfg: BenchConfig) -> dict:
     return {name: compress.parse(name, ratio=cfg.ratio) for name in names}
 
 
-def count_wrong(x, y, c, dname: str, n: int) -> int:
+def count_wrong(x, y, c, dname: str, n: int, algorithm: str = "builtin") -> int:
     """Elements of `y` off from builtin's sum by more than the dtype's tolerance; for a compressor, from
-    builtin's sum of every rank's locally encoded-and-decoded input, within that compressor's error bound."""
+    builtin's sum of every rank's locally encoded-and-decoded input, within that compressor's error bound; for
+    the two phases, from what they return on every rank's input (torch's all-gather, then
+    ringexp.compress.phases.reference), up to float32 summation order."""
     if c is None:
         ref = comm.all_reduce(x.clone(), "builtin", check=False)
         tol = TOLERANCE[dname] * (ref.abs().float() + 1)
+    elif compress.route(c, algorithm, n) == "two_phase":
+        xs = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(xs, x)
+        ref = compress.reference(xs, c)
+        tol = 1e-5 * (ref.abs().float() + 1)
     else:
         ref = comm.all_reduce(compress.roundtrip(x, c), "builtin", check=False)
         tol = compress.tolerance(c, ref, n)
@@ -165,7 +172,8 @@ def bench_worker(cfg: BenchConfig) -> list:
             g = torch.Generator().manual_seed(1000 * env.rank + count)
             x = torch.randn(count, generator=g).to(env.device, dtype)
             here = {name: spec for name, spec in specs.items() if spec[2] is None or dtype == torch.float32}
-            wrong = {name: count_wrong(x, run(x.clone(), spec), spec[2], dname, n) for name, spec in here.items()}
+            wrong = {name: count_wrong(x, run(x.clone(), spec), spec[2], dname, n, spec[0]) for name, spec in
+                     here.items()}
             times = timed_rounds(cfg, x, {name: partial(run, spec=spec) for name, spec in here.items()})
             base = statistics.median(times["builtin"]) if "builtin" in times else None
             for name in here:
@@ -176,12 +184,22 @@ def bench_worker(cfg: BenchConfig) -> list:
                     "size_bytes": count * x.element_size(), "count": count,
                     "type": dname, "time_us": t * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n,
                     "wrong": wrong[name], "vs_builtin": (base / t) if base else None,
+                    "wire_bytes": sent_bytes(here[name], count * x.element_size(), n, opts),
                     "time_us_p10": 1e6 * (statistics.quantiles(times[name], n=10)[0] if len(times[name]) > 1 else t),
                 })
             if env.is_main:
                 print_rows(rows[-len(here):], header=nbytes == sizes(cfg)[0] and dname == cfg.dtypes[0])
     rdist.cleanup()
     return rows
+
+
+def sent_bytes(spec, nbytes: int, n: int, opts: dict) -> int:
+    """Bytes the busiest rank sends in one call of a row (the same count a training run records)."""
+    algo, o, c = spec
+    options = comm.options_for(algo, opts | o)
+    if c is None:
+        return comm.wire_bytes(algo, nbytes, n, **options)
+    return compress.wire_bytes(c, algo, nbytes // 4, n, **options)
 
 
 def timed_rounds(cfg: BenchConfig, x, runs: dict) -> dict:
@@ -253,13 +271,14 @@ def print_rows(rows: list, header: bool) -> None:
         print(f"\n# nprocs={r['nprocs']} on {r['nodes']} node(s) x {r['ranks_per_node']} rank(s), link {r['link']}, "
               f"{r['backend']}  "
               "(time = median over rounds of the slowest rank; "
-              "busbw = algbw x 2(n-1)/n; x builtin = builtin time / this time)")
+              "busbw = algbw x 2(n-1)/n; x builtin = builtin time / this time; sent = bytes the busiest rank sends)")
         print(f"{'size':>8} {'count':>11} {'type':>9} {'algorithm':>24} {'time(us)':>11} {'algbw':>7} {'busbw':>7} "
-              f"{'#wrong':>7} {'x builtin':>9}")
+              f"{'#wrong':>7} {'x builtin':>9} {'sent':>8}")
     for r in rows:
         ratio = f"{r['vs_builtin']:.2f}" if r["vs_builtin"] else "-"
         print(f"{fmt_size(r['size_bytes']):>8} {r['count']:>11} {r['type']:>9} {r['algorithm']:>24} "
-              f"{r['time_us']:>11.1f} {r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>7} {ratio:>9}",
+              f"{r['time_us']:>11.1f} {r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>7} {ratio:>9} "
+              f"{fmt_size(r['wire_bytes']):>8}",
               flush=True)
 
 

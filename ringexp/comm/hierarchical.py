@@ -11,7 +11,9 @@ leader (seed article 000's): gather and sum at the node's first rank, ring all-r
 
 With a `wire` format (ringexp.compress), `scope="inter_node"` encodes only the traffic between nodes (the slow
 links) and keeps the intra-node stages exact; `scope="all"` encodes the intra-node rings too (leader's
-intra-node gather and send-back stay exact).
+intra-node gather and send-back stay exact). `phases` (a ringexp.comm.two_phase codec, from ringexp.compress) runs
+the stage between nodes as a two-phase compressed all-reduce instead of a ring (Bagua's ByteGrad: exact inside a
+node, compressed payloads with error feedback between nodes); the node's stages stay exact.
 """
 
 import os
@@ -22,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch.distributed as dist
 
 from ringexp.cluster import costmodel
-from ringexp.comm import naive, ring
+from ringexp.comm import naive, ring, two_phase
 from ringexp.comm.p2p import finish, global_ranks, members_of, work_copy
 
 VARIANTS = ("two_level", "leader")
@@ -30,7 +32,7 @@ VARIANTS = ("two_level", "leader")
 PIECES, PIECE_BYTES = 4, 4 << 20
 _local = threading.local()
 # all_reduce's options (ringexp.comm refuses others)
-OPTIONS = ("nodes", "variant", "segment_bytes", "timeout_s", "wire", "scope", "paired")
+OPTIONS = ("nodes", "variant", "segment_bytes", "timeout_s", "wire", "scope", "paired", "phases")
 
 
 def node_rings(group, nodes: int) -> tuple:
@@ -56,7 +58,8 @@ def default_nodes(ranks) -> int:
 
 
 def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
-               segment_bytes=None, timeout_s=None, wire=None, scope: str = "all", paired=None, **_options):
+               segment_bytes=None, timeout_s=None, wire=None, scope: str = "all", paired=None, phases=None,
+               **_options):
     if dist.get_world_size(group) == 1 or tensor.numel() == 0:
         return tensor
     if variant not in VARIANTS:
@@ -71,29 +74,34 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
         except Exception as e:  # say which stage of which node failed, around the inner message
             raise RuntimeError(f"hierarchical all-reduce ({variant}): step {i}/3, {what} ({where}): {e}") from e
 
-    local = wire if scope == "all" else None
+    local = wire if scope == "all" and phases is None else None
     opts = {"segment_bytes": segment_bytes, "timeout_s": timeout_s, "paired": paired}
+    between = ring.all_reduce if phases is None else lambda x, g, wire, members, timeout_s, **_: \
+        two_phase.all_reduce(x, g, phases, members=members, timeout_s=timeout_s)
     if variant == "two_level":
-        two_level(flat, group, node, inter, wire, local, opts, step)
+        two_level(flat, group, node, inter, wire, local, opts, step, between, phases is None)
     else:  # the leader is the node's first rank
         step(1, "reduce to the node's leader", naive.gather_sum, flat, group, node, timeout_s, name="reduce")
         if dist.get_rank(group) == node[0] and len(inter) > 1:  # a leader: its inter-node ring is the leaders'
-            step(2, "ring among leaders", ring.all_reduce, flat, group, wire=wire, members=inter, **opts)
+            step(2, "among leaders", between, flat, group, wire=wire, members=inter, **opts)
         step(3, "send back from the leader", naive.send_back, flat, group, node, timeout_s, name="send back")
     return finish(tensor, flat)
 
 
-def two_level(flat, group, node, inter, wire, local, opts, step) -> None:
+def two_level(flat, group, node, inter, wire, local, opts, step, between=ring.all_reduce, pipelined=True) -> None:
     """Reduce-scatter in the node, all-reduce of this rank's shard between nodes, all-gather in the node; in
     pieces, pipelined: while a background thread runs a piece's inter-node ring (the slow link: waiting), this
     thread runs the node's stages of the pieces before and after it (CPU work). The two threads talk to disjoint
     peers (the node's ranks, the other nodes' ranks at the same local index), so on gloo their messages never
-    mix; on GPUs one thread posts everything (NCCL's order, see below) and the device overlaps the stages."""
+    mix; on GPUs one thread posts everything (NCCL's order, see below) and the device overlaps the stages.
+    `between`: the stage between nodes (two phases instead of the ring: one piece, so that each rank's residual
+    is its one shard's)."""
     m = len(node)
-    pieces = piece_bounds(flat, m, opts["segment_bytes"]) if m > 1 and len(inter) > 1 else [(0, flat.numel())]
+    cut = pipelined and m > 1 and len(inter) > 1
+    pieces = piece_bounds(flat, m, opts["segment_bytes"]) if cut else [(0, flat.numel())]
 
     def inter_ring(shard):
-        step(2, "inter-node ring", ring.all_reduce, shard, group, wire=wire, members=inter, **opts)
+        step(2, "between nodes", between, shard, group, wire=wire, members=inter, **opts)
 
     # On GPUs the pieces run on this thread: NCCL runs a group's operations in the order posted, and two threads
     # posting on one group would interleave them differently on different ranks (a hang); the device overlaps
@@ -133,30 +141,36 @@ def piece_bounds(flat, m: int, segment_bytes) -> list:
 
 
 def wire_bytes(nbytes: int, world_size: int, nodes=None, variant: str = "two_level", wire_ratio: float = 1.0,
-               scope: str = "all", **_options) -> int:
+               scope: str = "all", between=None, **_options) -> int:
+    """`between(nbytes, members)`: the bytes of the stage between nodes where it is not a ring (the two phases)."""
     k = nodes or default_nodes(range(world_size))
     m = world_size // k
-    inter = ring.wire_bytes(nbytes // m if variant == "two_level" else nbytes, k, wire_ratio)
+    shard = nbytes // m if variant == "two_level" else nbytes
+    inter = ring.wire_bytes(shard, k, wire_ratio) if between is None else between(shard, k)
     if variant == "two_level":
-        return ring.wire_bytes(nbytes, m, wire_ratio if scope == "all" else 1.0) + inter
+        inside = wire_ratio if scope == "all" and between is None else 1.0
+        return ring.wire_bytes(nbytes, m, inside) + inter
     return inter + (m - 1) * nbytes  # the leader: ring traffic plus sending the result to m - 1 ranks
 
 
 def seconds(cl, nbytes: float, wire=costmodel.NONE, variant: str = "two_level", scope: str = "all",
-            **_options) -> float:
+            phases: bool = False, **_options) -> float:
     """Predicted time of one all-reduce of `nbytes` float32 bytes on cluster `cl` (its real nodes), `wire` between
     nodes (and inside them too with scope=all). two_level [NCCL's and Horovod's; S in ringexp.cluster.costmodel]: a ring
     reduce-scatter inside the node (k ranks), k rings between nodes each on n/k bytes (together n bytes through
     each node's link), an all-gather inside. leader (seed article 000): gather to the node's first rank (k-1
-    whole buffers in turn, each summed), a ring of the N leaders on n bytes, the result sent back in turn."""
+    whole buffers in turn, each summed), a ring of the N leaders on n bytes, the result sent back in turn.
+    `phases`: the stage between nodes is the two phases (ringexp.comm.two_phase), the node's stages exact."""
     nodes, k = cl.nodes, cl.ranks_per_node
-    inside = costmodel.NONE if scope == "inter_node" else wire
-    if variant == "two_level" and (nodes == 1 or k == 1):
-        return ring.seconds(cl, nbytes, wire)
+    inside = costmodel.NONE if scope == "inter_node" or phases else wire
+    if variant == "two_level" and (nodes == 1 or k == 1) and not phases:
+        return ring.seconds(cl, nbytes, wire if nodes > 1 else inside)
 
     def between(reduced=None):
-        return costmodel.ring_s(cl, nbytes, nodes, lambda b: costmodel.hop(cl.inter, b), wire, reduced,
-                                ring.segments(nbytes / nodes))
+        step = lambda b: costmodel.hop(cl.inter, b)  # noqa: E731 (the hop of a node's link)
+        if phases:
+            return two_phase.seconds(cl, nbytes if reduced is None else reduced, nodes, step, wire, through=nbytes)
+        return costmodel.ring_s(cl, nbytes, nodes, step, wire, reduced, ring.segments(nbytes / nodes))
 
     if variant == "two_level":
         intra = costmodel.ring_s(cl, nbytes, k, lambda b: costmodel.hop(cl.intra, b), inside,

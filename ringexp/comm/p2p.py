@@ -84,15 +84,23 @@ def exchange(send, recv, group, what) -> tuple:
     completions: a second wait waits for a second message). NCCL runs a rank's point-to-point operations one
     after another on one stream, in the order posted: a receive posted alone waits for a peer whose send sits
     behind that peer's own receive, and a ring of such ranks never moves. Posted together, they run at once."""
-    ops = ([dist.P2POp(dist.isend, send[0], group=group, group_peer=send[1])] if send else []) + (
-        [dist.P2POp(dist.irecv, recv[0], group=group, group_peer=recv[1])] if recv else [])
+    sent, received = batch([send] if send else [], [recv] if recv else [], group, what)
+    return sent, received
+
+
+def batch(sends: list, recvs: list, group, what) -> tuple:
+    """Every (tensor, group rank) of `sends` and `recvs` posted as one batch (see exchange); returns (works for the
+    sends, works for the receives): on gloo one per operation, in order; on NCCL one for the whole batch, waited
+    for with the receives (or with the sends where there are none)."""
+    ops = [dist.P2POp(dist.isend, t, group=group, group_peer=peer) for t, peer in sends] + \
+        [dist.P2POp(dist.irecv, t, group=group, group_peer=peer) for t, peer in recvs]
     try:
         works = dist.batch_isend_irecv(ops) if ops else []
     except Exception as e:
         raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e
     if len(works) == len(ops):  # one work per operation (gloo)
-        return works[:bool(send)], works[bool(send):]
-    return ([], works) if recv else (works, [])  # NCCL: one work for the batch, waited for with the receive
+        return works[:len(sends)], works[len(sends):]
+    return ([], works) if recvs else (works, [])
 
 
 def wait(work, timeout_s, what, cuda: bool = False) -> None:

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ringexp import comm
 from ringexp.cluster import costmodel, nccl
-from ringexp.compress import cast, feedback, int8, powersgd, randomk, sign, topk
+from ringexp.comm import two_phase
+from ringexp.compress import cast, feedback, int8, phases, powersgd, randomk, sign, topk
 from ringexp.config import CompressionConfig
 from ringexp.timing import median_time
 
@@ -39,40 +40,57 @@ MOMENTUM_RULE = ("compression.momentum_correction needs topk or randomk, error f
                  "momentum before the compressor)")
 
 
-def route(c, algorithm: str) -> str:
+def route(c, algorithm: str, world: int | None = None) -> str:
     """The path a bucket compressed by `c` (a compressor, not "none" nor PowerSGD, PyTorch's own hook) takes through
-    all-reduce `algorithm`, one of three:
+    all-reduce `algorithm` over `world` ranks (None: not known yet), one of four:
     - "wire": a WIRE compressor (fp16, bf16, int8) with a hand-written collective (ring, hierarchical, naive), which
       encodes each message itself and accumulates in float32 at every hop (`hierarchical` with scope=inter_node:
       only between nodes); builtin all-reduce can only sum what it is given;
-    - "sum": the payload can be summed as it is (fp16/bf16 on builtin, random-k): encode once, all-reduce the
-      payload viewed as its `sum_dtype`, decode once;
-    - "gather": anything else (int8 on builtin, top-k, sign): payloads cannot be added without decoding them, so
-      every rank's is all-gathered and they are decoded and summed locally."""
+    - "sum": the payload can be summed as it is (fp16/bf16 on builtin, random-k's shared indices): encode once,
+      all-reduce the payload viewed as its `sum_dtype`, decode once;
+    - "two_phase" (ringexp.comm.two_phase): chunks compressed, an all-to-all to their owners, the owner's sum
+      compressed again, an all-gather; with hierarchical and scope=inter_node, between nodes only (ByteGrad's
+      shape). compression.collective=two_phase asks for it; `auto` takes it from 3 ranks up, where an all-gather's
+      (p-1) payloads per rank outgrow its 2(p-1)/p;
+    - "gather": otherwise (int8 on builtin, top-k, sign): every rank's payload is all-gathered and they are
+      decoded and summed locally (and DGC's momentum correction, which masks this rank's own selection)."""
     m = COMPRESSORS[c.name]
+    if c.collective == "two_phase":
+        return "two_phase"
     if m.WIRE and algorithm != "builtin":
         return "wire"
-    return "sum" if m.sum_dtype(c) is not None else "gather"
+    if m.sum_dtype(c) is not None:
+        return "sum"
+    scale = c.scope == "inter_node" or (world or 0) >= 3
+    return "two_phase" if c.collective == "auto" and scale and not c.momentum_correction else "gather"
 
 
 def refusal(c, algorithm: str, where: str):
     """Why compressor config `c` cannot run with all-reduce `algorithm` (builtin, ring, hierarchical, naive; any
     other name: not a DDP hook), in the words of `where` (what the user chose), or None if it can."""
     m = COMPRESSORS[c.name]
+    if c.collective == "two_phase" and (m is None or m.sum_dtype(c) is not None and not m.WIRE or m is powersgd):
+        return (f"compression.collective=two_phase: {c.name} has no two-phase form ("
+                + ("nothing is compressed" if m is None else "PowerSGD all-reduces its factors" if m is powersgd
+                   else "its payloads are summed as they are") + "); use collective=auto")
     if m is None:
         return None
-    if c.scope == "inter_node" and (algorithm != "hierarchical" or not m.WIRE):
-        return (f"compression.scope=inter_node needs hierarchical and fp16, bf16 or int8 (got {where}, "
+    if c.scope == "inter_node" and (algorithm != "hierarchical" or route(c, algorithm) not in ("wire", "two_phase")):
+        return (f"compression.scope=inter_node needs hierarchical and fp16, bf16, int8, sign or topk (got {where}, "
                 f"compression={c.name})")
     if c.momentum_correction and (c.name not in SPARSIFIERS or not error_feedback(c)):
         return MOMENTUM_RULE
+    if c.momentum_correction and c.collective == "two_phase":
+        return ("compression.momentum_correction masks what this rank itself selected: it needs "
+                "compression.collective=all_gather or auto")
     # Error feedback keeps what this rank's own encoding lost. A cast summed in its own precision (PyTorch's cast
     # hooks, gloo) and a wire format inside the hand-written collectives re-encode partial sums on the way: that
-    # error belongs to no rank, and a residual of the local encoding would correct one that never happened.
-    if error_feedback(c) and m.WIRE and route(c, algorithm) != "gather":
+    # error belongs to no rank, and a residual of the local encoding would correct one that never happened. The
+    # two phases keep a residual on both sides.
+    if error_feedback(c) and m.WIRE and route(c, algorithm) not in ("gather", "two_phase"):
         return (f"compression.error_feedback=true with {c.name} on {where}: the wire carries re-encoded partial "
-                "sums, an error no rank's residual holds; use error_feedback=false, or int8 on builtin all-reduce "
-                "(each rank's encoding sent as it is)")
+                "sums, an error no rank's residual holds; use error_feedback=false, or collective=two_phase "
+                "(a residual on both sides)")
     return None
 
 
@@ -125,19 +143,22 @@ def wire_codec(c, ctx):
 
 
 class State:
-    """Per-rank compressor state: the step count per bucket, error-feedback residuals and DGC momentum.
-    `state_dict()` holds everything a resumed run needs to continue bit-for-bit."""
+    """Per-rank compressor state: the step count per bucket, error-feedback residuals (this rank's own; and the
+    owner's of its chunk, in the two phases) and DGC momentum. `state_dict()` holds everything a resumed run needs
+    to continue bit-for-bit."""
 
     def __init__(self, c, momentum: float = 0.0):
         self.c, self.momentum = c, momentum
         self.ef = error_feedback(c)
-        self.steps, self.residual, self.velocity = {}, {}, {}
+        self.steps, self.residual, self.velocity, self.owner = {}, {}, {}, {}
 
     def state_dict(self) -> dict:
-        return {"steps": dict(self.steps), "residual": dict(self.residual), "velocity": dict(self.velocity)}
+        return {"steps": dict(self.steps), "residual": dict(self.residual), "velocity": dict(self.velocity),
+                "owner": dict(self.owner)}
 
     def load_state_dict(self, d: dict) -> None:
         self.steps, self.residual, self.velocity = dict(d["steps"]), dict(d["residual"]), dict(d["velocity"])
+        self.owner = dict(d.get("owner", {}))  # (checkpoints from before the two phases have none)
 
 
 def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None, layout=None, **options):
@@ -148,10 +169,12 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
     step = state.steps.get(bucket, 0)
     state.steps[bucket] = step + 1
     ctx = context(c, step, bucket, layout)
+    way = route(c, algorithm, dist.get_world_size(group))
+    if way == "two_phase":
+        return _two_phase(tensor, algorithm, state, bucket, group, ctx, options)
     options = comm.options_for(algorithm, options)
     flat = tensor.view(-1)
     x = feedback.before(flat, state, bucket)
-    way = route(c, algorithm)
     payload = m.encode(x, c, ctx) if state.ef or way != "wire" else None  # ("wire": the collective encodes)
     sent = m.decode(payload, flat.numel(), c, ctx) if state.ef else None  # before the collective reuses payload
     if way == "wire":
@@ -171,6 +194,16 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
     if state.ef:
         feedback.after(x, sent, state, bucket)
     return tensor
+
+
+def _two_phase(tensor, algorithm: str, state: State, bucket: int, group, ctx, options: dict):
+    """The two phases (ringexp.comm.two_phase) with both error feedbacks: over every rank, or with hierarchical and
+    scope=inter_node between nodes only, the node's stages exact."""
+    codec = phases.codec(COMPRESSORS[state.c.name], state.c, ctx, state, bucket)
+    if algorithm == "hierarchical" and state.c.scope == "inter_node":
+        options = comm.options_for(algorithm, options) | {"scope": "inter_node"}
+        return comm.all_reduce(tensor, algorithm, group, check=False, phases=codec, **options)
+    return two_phase.all_reduce(tensor, group, codec, timeout_s=options.get("timeout_s"))
 
 
 def all_gather(payload, algorithm: str, group=None, timeout_s=None) -> list:
@@ -200,6 +233,11 @@ def roundtrip(x, c, ctx=None):
     m = COMPRESSORS[c.name]
     ctx = ctx or context(c, 0, 0)
     return m.decode(m.encode(x.float().reshape(-1), c, ctx), x.numel(), c, ctx)
+
+
+def reference(xs: list, c):
+    """What the two phases (no error feedback) return for every rank's float32 input `xs`, in rank order."""
+    return phases.reference(xs, COMPRESSORS[c.name], c, context(c, 0, 0))
 
 
 def tolerance(c, ref, n: int):
@@ -245,7 +283,9 @@ def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **opti
         return comm.wire_bytes(algorithm, 4 * numel, n, **options)
     if m is powersgd:
         return comm.wire_bytes("builtin", 4 * powersgd.wire_numel(shapes, c), n)
-    way = route(c, algorithm)
+    way = route(c, algorithm, n)
+    if way == "two_phase":
+        return _two_phase_bytes(c, algorithm, numel, n, [s.numel() for s in shapes] or None, options)
     if way == "wire":
         return comm.wire_bytes(algorithm, 4 * numel, n, wire_ratio=payload_bytes(c, numel) / (4 * numel),
                                scope=c.scope, **options)
@@ -254,6 +294,21 @@ def wire_bytes(c, algorithm: str, numel: int, world_size: int, shapes=(), **opti
     per_rank = payload_bytes(c, numel, [s.numel() for s in shapes] or None)
     # an all-gather: ring-like ones send n - 1 payloads; rank 0 of the naive one sends n payloads to n - 1 ranks
     return (n - 1) * n * per_rank if algorithm == "naive" else (n - 1) * per_rank
+
+
+def _two_phase_bytes(c, algorithm: str, numel: int, n: int, layout, options: dict) -> int:
+    """wire_bytes of the two phases: each chunk's payload as it is sent (sign: a scale per parameter in the chunk)."""
+    m = COMPRESSORS[c.name]
+
+    def chunks(count: int, members: int, layout=None) -> list:
+        return [m.nbytes(e - b, c, context(c, 1 << 30, 0, phases.clipped(layout, b, e)))
+                for b, e in comm.ring.chunk_bounds(count, members)]
+
+    if algorithm == "hierarchical" and c.scope == "inter_node":
+        options = comm.options_for(algorithm, options) | {"scope": "inter_node"}
+        return comm.wire_bytes(algorithm, 4 * numel, n, between=lambda b, k: two_phase.wire_bytes(chunks(b // 4, k)),
+                               **options)
+    return two_phase.wire_bytes(chunks(numel, n, layout))
 
 
 def wire_of(cl, c, numel: int, layout=None) -> costmodel.Wire:
@@ -272,7 +327,11 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
         return comm.seconds(algorithm, cl, n, **options)
     if m is powersgd:
         return powersgd.seconds(cl, c, shapes)
-    wire, way = wire_of(cl, c, numel, [s.numel() for s in shapes]), route(c, algorithm)
+    wire, way = wire_of(cl, c, numel, [s.numel() for s in shapes]), route(c, algorithm, costmodel.ranks(cl))
+    if way == "two_phase" and algorithm == "hierarchical" and c.scope == "inter_node":
+        return comm.seconds(algorithm, cl, n, wire, **options | {"scope": "inter_node", "phases": True})
+    if way == "two_phase":
+        return two_phase.seconds(cl, n, costmodel.ranks(cl), lambda b: costmodel.slowest_hop(cl, b), wire) + cl.call_s
     if way == "wire":
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": c.scope})
     if way == "sum":
@@ -285,9 +344,14 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
     return gather(cl, wire.ratio * n, n, wire) + cl.call_s
 
 
+WHERE = {"inter": {"scope": "inter_node"}, "two_phase": {"collective": "two_phase"},
+         "all_gather": {"collective": "all_gather"}}  # a bench row's COMPRESSOR:WHERE
+
+
 def parse(name: str, **fields) -> tuple:
     """(algorithm, options, compression config or None) of a bench row's name: ALGORITHM (ringexp.comm.parse's)
-    alone, or ALGORITHM+COMPRESSOR, COMPRESSOR:inter being a wire format between nodes only (hierarchical);
+    alone, or ALGORITHM+COMPRESSOR, COMPRESSOR:inter being a wire format between nodes only (hierarchical) and
+    COMPRESSOR:two_phase / COMPRESSOR:all_gather its collective (compression.collective; default auto);
     `fields`: the compression config's other values (ratio=...). ValueError saying what is wrong otherwise.
     PowerSGD is a DDP hook, not an all-reduce: not benchmarked."""
     algo_name, plus, comp = name.partition("+")
@@ -295,13 +359,17 @@ def parse(name: str, **fields) -> tuple:
     if not plus:
         return algorithm, options, None
     cname, colon, where = comp.partition(":")
-    if cname not in COMPRESSORS or cname in ("none", "powersgd") or (colon and where != "inter"):
+    if cname not in COMPRESSORS or cname in ("none", "powersgd") or (colon and where not in WHERE):
         raise ValueError(f"compressor {comp!r}: choose from "
-                         f"{', '.join(c for c in COMPRESSORS if c not in ('none', 'powersgd'))}, or NAME:inter")
-    if colon and (algorithm != "hierarchical" or not COMPRESSORS[cname].WIRE):
+                         f"{', '.join(c for c in COMPRESSORS if c not in ('none', 'powersgd'))}, or NAME:"
+                         + " NAME:".join(WHERE))
+    if where == "inter" and (algorithm != "hierarchical" or not COMPRESSORS[cname].WIRE):
         raise ValueError(f"{name!r}: COMPRESSOR:inter is fp16, bf16 or int8 between nodes, on hierarchical only")
-    return algorithm, options, CompressionConfig(name=cname, error_feedback=False,
-                                                 scope="inter_node" if colon else "all", **fields)
+    c = CompressionConfig(name=cname, error_feedback=False, **WHERE.get(where, {}), **fields)
+    problem = refusal(c, algorithm, f"bench row {name!r}")
+    if problem:
+        raise ValueError(problem)
+    return algorithm, options, c
 
 
 __all__ = ["COMPRESSORS", "State", "all_reduce", "all_gather", "parse", "payload_bytes", "route", "seconds",

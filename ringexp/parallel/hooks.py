@@ -134,7 +134,7 @@ def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **optio
     impl = comm.ALGORITHMS.get(algorithm)
     if impl is None:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(comm.ALGORITHMS)}")
-    internal = ("wire", "divisor", "paired")  # the compressor's, the hook's own mean, the device's schedule
+    internal = ("wire", "divisor", "paired", "phases")  # the compressor's, the hook's own mean, the device's schedule
     unknown = sorted(o for o in options if o not in impl.OPTIONS or o in internal)
     if unknown:
         takes = ", ".join(o for o in impl.OPTIONS if o not in internal) or "none"
