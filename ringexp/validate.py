@@ -102,7 +102,7 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError(f"parallel.nodes={cfg.parallel.nodes} does not divide the {n} workers into equal nodes; "
                           f"use a divisor of {n}")
     parallel.check(cfg, n)
-    check_compression(cfg)
+    check_compression(cfg, n)
     check_amp(cfg.amp.mode, cfg.launcher.device)
     pr = cfg.profile
     if pr.enabled and pr.start_step + pr.steps - 1 > cfg.steps:
@@ -167,8 +167,9 @@ def resolve_device(device: Device) -> Device:
     return device
 
 
-def check_compression(cfg: TrainConfig) -> None:
-    """What a compressor needs from the strategy and the optimizer (conf/compression/ lists the names)."""
+def check_compression(cfg: TrainConfig, world: int) -> None:
+    """What a compressor needs from the strategy, the optimizer and the `world` ranks (conf/compression/ lists the
+    names)."""
     c, strategy = cfg.compression, cfg.parallel.strategy
     if c.name not in compress.COMPRESSORS:
         raise ConfigError(f"compression.name={c.name}: unknown; choose from {', '.join(compress.COMPRESSORS)}")
@@ -183,6 +184,9 @@ def check_compression(cfg: TrainConfig) -> None:
     problem = compress.refusal(c, ALGORITHM.get(strategy, strategy), f"+parallel={strategy}")
     if problem:
         raise ConfigError(problem)
+    if c.collective == "two_phase" and world < 2:
+        raise ConfigError(f"compression.collective=two_phase reduces between ranks, and this job has {world}; run "
+                          "2 or more workers (launcher.nproc_per_node), or use collective=auto")
 
 
 def check_amp(mode: AmpMode, device: Device) -> None:

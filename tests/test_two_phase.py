@@ -2,10 +2,13 @@
 written here: the same compression applied chunk by chunk, every rank's and every owner's error feedback kept by
 hand, bit for bit, on real gloo groups."""
 
+import os
+import signal
+
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import workers
+from conftest import RUN, losses, run_cli, start, wait_for_step, workers
 
 from ringexp import compress
 from ringexp import dist as rdist
@@ -42,14 +45,21 @@ def grad(rank: int, step: int, numel: int, dtype):
 
 
 def reference(name, c, p: int, numel: int, dtype, steps: int, layout=None) -> list:
-    """Every step's result, by hand: rank r adds its residual, encodes each chunk, keeps what that lost; owner q sums
-    the p decoded payloads of chunk q in rank order, adds its residual, encodes again, keeps what that lost; every
-    rank decodes every owner's payload. No residual is kept from step 0 (DDP may rebuild its buckets there)."""
-    m, bounds = M[name], chunks(numel, p)
+    """Every step's result for rank r's input grad(r, step), cast to the gradients' dtype."""
+    inputs = [[grad(r, step, numel, dtype).float() for r in range(p)] for step in range(steps)]
+    return [out.to(dtype) for out in phases(name, c, inputs, layout)]
+
+
+def phases(name, c, inputs: list, layout=None, offset: int = 0) -> list:
+    """The two phases by hand over inputs[step][rank] (float32): rank r adds its residual, encodes each chunk,
+    keeps what that lost; owner q sums the p decoded payloads of chunk q in rank order, adds its residual, encodes
+    again, keeps what that lost; every rank decodes every owner's payload. No residual is kept from step 0 (DDP
+    may rebuild its buckets there). `offset`: where the inputs start in the bucket `layout` describes."""
+    m, p, numel = M[name], len(inputs[0]), inputs[0][0].numel()
+    bounds = chunks(numel, p)
     worker, owner, results = [None] * p, [None] * p, []
-    for step in range(steps):
-        ctxs = [compress.context(c, step, 0, clip(layout, b, e)) for b, e in bounds]
-        xs = [grad(r, step, numel, dtype).float() for r in range(p)]
+    for step, xs in enumerate(inputs):
+        ctxs = [compress.context(c, step, 0, clip(layout, offset + b, offset + e)) for b, e in bounds]
         xs = [x if worker[r] is None else x + worker[r] for r, x in enumerate(xs)]
         payloads = [[m.encode(x[b:e], c, ctxs[q]) for q, (b, e) in enumerate(bounds)] for x in xs]
         out = torch.empty(numel)
@@ -65,8 +75,66 @@ def reference(name, c, p: int, numel: int, dtype, steps: int, layout=None) -> li
         for r in range(p):
             sent = torch.cat([m.decode(payloads[r][q], e - b, c, ctxs[q]) for q, (b, e) in enumerate(bounds)])
             worker[r] = xs[r] - sent if step else None
-        results.append(out.to(dtype))
+        results.append(out)
     return results
+
+
+def bytegrad(name, c, world: int, nodes: int, numel: int, steps: int, layout, variant: str) -> list:
+    """hierarchical with the two phases between nodes, by hand: node sums exact (the inputs are small integers, so
+    any order gives the same sum); two_level: local rank i's shard is chunk (i + 1) mod m of its node's sum (where
+    the node's ring reduce-scatter leaves it), and the ranks with the same local index run the two phases on it;
+    leader: the node's first ranks run them on the whole node sum."""
+    m = world // nodes
+    sums = [[sum(small(k * m + i, step, numel) for i in range(m)) for k in range(nodes)] for step in range(steps)]
+    if variant == "leader":
+        return phases(name, c, sums, layout)
+    out = [torch.empty(numel) for _ in range(steps)]
+    for i in range(m):
+        b, e = chunks(numel, m)[(i + 1) % m]
+        shard = phases(name, c, [[s[b:e] for s in node] for node in sums], layout, offset=b)
+        for step in range(steps):
+            out[step][b:e] = shard[step]
+    return out
+
+
+def small(rank: int, step: int, numel: int):
+    g = torch.Generator().manual_seed(31 * rank + 1009 * step + numel)
+    return torch.randint(-8, 9, (numel,), generator=g).float()
+
+
+def bytegrad_worker(cases):
+    env = rdist.init("cpu")
+    failures = []
+    for name, nodes, numel, steps, layout, variant in cases:
+        c = cfg(name, scope="inter_node")
+        state = compress.State(c)
+        got = [compress.all_reduce(small(env.rank, step, numel), "hierarchical", state, 0, None, layout,
+                                   nodes=nodes, variant=variant) for step in range(steps)]
+        if env.rank == 0:
+            want = bytegrad(name, c, env.world_size, nodes, numel, steps, layout, variant)
+            if not all(torch.equal(g, w) for g, w in zip(got, want, strict=True)):
+                failures.append((name, nodes, numel, variant))
+        if not all(torch.equal(g, h) for g, h in zip(got, [broadcast(g) for g in got], strict=True)):
+            failures.append((name, nodes, numel, variant, "ranks differ"))
+    rdist.cleanup()
+    return failures
+
+
+def broadcast(t):
+    t = t.clone()
+    dist.broadcast(t, 0)
+    return t
+
+
+@pytest.mark.parametrize("world,nodes", [(4, 2), (6, 3)])
+def test_hierarchical_runs_the_two_phases_between_nodes_only(world, nodes):
+    """ByteGrad's shape (+parallel=hierarchical_bytegrad): exact inside a node, the two phases with both error
+    feedbacks between nodes, bit for bit against the reference; both variants, sign with a layout."""
+    cases = [(name, nodes, numel, 3, None, "two_level") for name in LOSSY for numel in (5, 2001)]
+    cases += [("sign", nodes, 2001, 3, [700, 1300, 1], v) for v in ("two_level", "leader")]
+    cases += [("int8", nodes, 2001, 3, None, "leader")]
+    results = workers(bytegrad_worker, world, cases)
+    assert all(r == [] for r in results.values()), results
 
 
 def case_worker(cases):
@@ -110,3 +178,108 @@ def test_two_phase_equals_the_chunk_by_chunk_reference_bit_for_bit(world):
         cases += [(name, 1001, "float32", list(range(1, world, 2 if world > 4 else 1)), 3, None) for name in LOSSY]
     results = workers(case_worker, world, cases)
     assert all(r == [] for r in results.values()), results
+def tracking_worker(name: str, steps: int) -> list:
+    env = rdist.init("cpu")
+    seen = [tracking(name, ef, steps, env.rank) for ef in (True, False)]
+    rdist.cleanup()
+    return seen
+
+
+def tracking(name: str, ef: bool, steps: int, rank: int) -> list:
+    """After steps/4 and after all steps: |sum of what the collective returned - sum of the true gradients| /
+    |sum of the true gradients|, and the largest residual norm held until then."""
+    c = CompressionConfig(name=name, collective="two_phase", ratio=0.05, block=64, error_feedback=ef)
+    state, numel = compress.State(c), 997
+    mean = torch.linspace(-1, 1, numel)  # a steady descent direction under noise, as a gradient has
+    got, true, seen, biggest = torch.zeros(numel), torch.zeros(numel), [], 0.0
+    for step in range(steps):
+        g = mean + torch.randn(numel, generator=torch.Generator().manual_seed(step * 13 + rank))
+        got += compress.all_reduce(g.clone(), "builtin", state, 0)
+        true += comm_sum(g)
+        biggest = max([biggest, *[float(r.norm()) for r in (*state.residual.values(), *state.owner.values())]])
+        if step + 1 in (steps // 4, steps):
+            seen.append((float((got - true).norm() / true.norm()), biggest))
+    return seen
+
+
+def comm_sum(g):
+    g = g.clone()
+    dist.all_reduce(g)
+    return g
+
+
+@pytest.mark.parametrize("name", ["sign", "topk"])
+def test_with_error_feedback_the_returned_sum_tracks_the_true_sum(name):
+    """Both residuals stay bounded (no larger after 240 steps than after 60), so the distance between what the
+    collective returned and the true sum stays bounded and its relative error falls like 1/steps; without error
+    feedback the error stays."""
+    [(early, held_early), (late, held_late)], [_, (plain, _)] = workers(tracking_worker, 3, name, 240)[0]
+    assert held_late < 1.25 * held_early, (held_early, held_late)
+    assert late < early / 2.5, (early, late)
+    assert plain > 2 * late, (plain, late)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_bytes_per_rank_stay_two_payloads_while_the_all_gather_grows_with_p(p):
+    """What a run records (compress.wire_bytes): through the two phases at most 2(p-1)/p of the payload of n
+    elements plus a header per chunk; through the all-gather (p-1) payloads."""
+    numel, layout = 1_000_003, [torch.Size([500_000]), torch.Size([500_003])]
+    for name in LOSSY:
+        two = compress.wire_bytes(cfg(name), "builtin", numel, p, layout)
+        gather = compress.wire_bytes(CompressionConfig(name=name, collective="all_gather", ratio=0.05, block=64),
+                                     "builtin", numel, p, layout)
+        payload = compress.payload_bytes(cfg(name), numel, [500_000, 500_003])
+        assert two <= 2 * (p - 1) / p * payload + 2 * (p - 1) * 16, (name, p, two, payload)
+        assert gather == (p - 1) * payload
+        assert two < gather or p == 2
+
+
+def seed_worker() -> str:
+    """Rank 1's compressor thinks it is three steps further (its state restored from another checkpoint)."""
+    env = rdist.init("cpu")
+    state = compress.State(CompressionConfig(name="randomk", ratio=0.1))
+    agreed = compress.all_reduce(torch.ones(1000), "builtin", state, 0)  # step 0 on both: summed
+    if env.rank == 1:
+        state.steps[0] = 4
+    try:
+        compress.all_reduce(torch.ones(1000), "ring", state, 0)
+        said = "no error"
+    except RuntimeError as e:
+        said = str(e)
+    rdist.cleanup()
+    return said if float(agreed.sum()) == 2 * 100 else f"the agreed step summed {float(agreed.sum())}"
+
+
+def test_random_k_ranks_that_disagree_on_the_seed_are_stopped_not_summed():
+    said = workers(seed_worker, 2)
+    assert all("disagree on the shared seed" in s for s in said.values()), said
+
+
+def test_auto_takes_the_two_phases_from_three_ranks_and_keeps_what_they_cannot_carry():
+    c = CompressionConfig(name="sign")
+    assert [compress.route(c, "builtin", p) for p in (2, 3, 8)] == ["gather", "two_phase", "two_phase"]
+    assert compress.route(CompressionConfig(name="topk", momentum_correction=True), "builtin", 8) == "gather"
+    assert compress.route(CompressionConfig(name="int8"), "ring", 8) == "wire"  # re-encoded at every hop
+    assert compress.route(CompressionConfig(name="int8"), "builtin", 8) == "two_phase"
+    assert compress.route(CompressionConfig(name="randomk"), "builtin", 8) == "sum"
+    bytegrad = CompressionConfig(name="int8", scope="inter_node", collective="two_phase", error_feedback=True)
+    assert compress.refusal(bytegrad, "hierarchical", "+parallel=hierarchical_bytegrad") is None
+    assert "no two-phase form" in compress.refusal(CompressionConfig(name="randomk", collective="two_phase"),
+                                                   "builtin", "+parallel=ddp")
+
+
+@pytest.mark.slow
+def test_a_killed_two_phase_run_resumes_bit_for_bit(tmp_path):
+    """Sign through the two phases at 3 ranks (collective=auto), the job killed after step 8: resume=auto restores
+    both residuals of every bucket from the step-5 checkpoint and every later loss is the uninterrupted run's."""
+    over = [*RUN, "+parallel=ddp_sign", "launcher.nproc_per_node=3", "steps=14"]
+    ref = run_cli(tmp_path / "ref", *over)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    proc = start(tmp_path / "run", *over)
+    wait_for_step(proc, tmp_path / "run", 8)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    r = run_cli(tmp_path / "run", *over, "resume=auto")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want, got = losses(tmp_path / "ref"), losses(tmp_path / "run")
+    assert sorted(got) == sorted(want) and all(got[s] == want[s] for s in want), (want, got)

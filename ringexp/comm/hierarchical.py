@@ -77,7 +77,8 @@ def all_reduce(tensor, group=None, nodes=None, variant: str = "two_level",
     local = wire if scope == "all" and phases is None else None
     opts = {"segment_bytes": segment_bytes, "timeout_s": timeout_s, "paired": paired}
     between = ring.all_reduce if phases is None else lambda x, g, wire, members, timeout_s, **_: \
-        two_phase.all_reduce(x, g, phases, members=members, timeout_s=timeout_s)
+        two_phase.all_reduce(x, g, two_phase.shifted(phases, x.storage_offset() - flat.storage_offset()),
+                             members=members, timeout_s=timeout_s)
     if variant == "two_level":
         two_level(flat, group, node, inter, wire, local, opts, step, between, phases is None)
     else:  # the leader is the node's first rank

@@ -20,6 +20,8 @@ all_to_all is), over `members` of `group` (a sub-ring: hierarchical's inter-node
     keep(role, x, sent): that role's residual becomes x - sent (or nothing, without error feedback)
 """
 
+from types import SimpleNamespace
+
 import torch
 
 from ringexp.cluster import costmodel
@@ -59,6 +61,12 @@ def all_reduce(tensor, group, codec, members=None, timeout_s=None, **_options):
         if q != r:
             parts[q].copy_into(gathered[q], flat[b:e])
     return finish(tensor, flat)
+
+
+def shifted(codec, offset: int):
+    """`codec` for a tensor that starts `offset` elements into the one it was made for (hierarchical's shards)."""
+    return SimpleNamespace(part=lambda lo, hi: codec.part(lo + offset, hi + offset), residual=codec.residual,
+                           keep=codec.keep)
 
 
 def exchange(group, ring, r: int, outgoing: list, sizes: list, phase: str, timeout_s) -> list:

@@ -69,12 +69,12 @@ def refusal(c, algorithm: str, where: str):
     """Why compressor config `c` cannot run with all-reduce `algorithm` (builtin, ring, hierarchical, naive; any
     other name: not a DDP hook), in the words of `where` (what the user chose), or None if it can."""
     m = COMPRESSORS[c.name]
-    if c.collective == "two_phase" and (m is None or m.sum_dtype(c) is not None and not m.WIRE or m is powersgd):
-        return (f"compression.collective=two_phase: {c.name} has no two-phase form ("
-                + ("nothing is compressed" if m is None else "PowerSGD all-reduces its factors" if m is powersgd
-                   else "its payloads are summed as they are") + "); use collective=auto")
-    if m is None:
+    if m is None:  # nothing compressed: no collective to choose
         return None
+    if c.collective == "two_phase" and (m.sum_dtype(c) is not None and not m.WIRE or m is powersgd):
+        return (f"compression.collective=two_phase: {c.name} has no two-phase form ("
+                + ("PowerSGD all-reduces its factors" if m is powersgd else "its payloads are summed as they are: "
+                   "random-k's indices are shared") + "); use collective=auto")
     if c.scope == "inter_node" and (algorithm != "hierarchical" or route(c, algorithm) not in ("wire", "two_phase")):
         return (f"compression.scope=inter_node needs hierarchical and fp16, bf16, int8, sign or topk (got {where}, "
                 f"compression={c.name})")
@@ -182,6 +182,8 @@ def all_reduce(tensor, algorithm: str, state: State, bucket: int = 0, group=None
         comm.all_reduce(flat, algorithm, group=group, check=False, wire=wire_codec(c, ctx), **options)
     elif way == "sum":
         summed = comm.all_reduce(payload.view(m.sum_dtype(c)), algorithm, group=group, check=False, **options)
+        if hasattr(m, "agreed"):  # random-k: every rank drew the same indices
+            m.agreed(summed, ctx, dist.get_world_size(group))
         flat.copy_(m.decode(summed.view(torch.uint8), flat.numel(), c, ctx))
     else:
         gathered = all_gather(payload, algorithm, group, options.get("timeout_s"))
