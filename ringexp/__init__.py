@@ -2,7 +2,7 @@
 
 As a library (docs/library.md):
     ringexp.ddp_comm_hook(algorithm="ring", compression=None, group=None, **options) -> (state, hook)
-    ringexp.all_reduce(tensor, algorithm="ring", group=None, **options) -> tensor
+    ringexp.all_reduce(tensor, algorithm="ring", group=None, *, compression=None, **options) -> tensor
     ringexp.settle_buckets(ddp_model, example_input): DDP's final bucket layout before a resumed hook's first step
 
 The names are loaded on first use: `python -m ringexp.train` starts with this file, and must be able to answer
@@ -11,7 +11,7 @@ Ctrl-C with one line before torch has loaded (ringexp.stop).
 
 import importlib
 
-_HOME = {"all_reduce": "ringexp.comm", "settle_buckets": "ringexp.parallel.ddp",
+_HOME = {"all_reduce": "ringexp.parallel.hooks", "settle_buckets": "ringexp.parallel.ddp",
          "COMPRESSIONS": "ringexp.parallel.hooks", "CommState": "ringexp.parallel.hooks",
          "ddp_comm_hook": "ringexp.parallel.hooks"}
 __all__ = ["ALGORITHMS", "COMPRESSIONS", "CommState", "all_reduce", "ddp_comm_hook", "settle_buckets"]

@@ -10,9 +10,11 @@ import torch
 import torch.distributed as dist
 from conftest import RUN, losses, run_cli, start, wait_for_step, workers
 
+import ringexp
 from ringexp import compress
 from ringexp import dist as rdist
 from ringexp.config import CompressionConfig
+from ringexp.parallel.hooks import compressor
 
 M = compress.COMPRESSORS
 
@@ -283,3 +285,26 @@ def test_a_killed_two_phase_run_resumes_bit_for_bit(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     want, got = losses(tmp_path / "ref"), losses(tmp_path / "run")
     assert sorted(got) == sorted(want) and all(got[s] == want[s] for s in want), (want, got)
+
+
+def library_worker() -> bool:
+    """ringexp.all_reduce(..., compression=) on a bf16 view, twice with one State (its error feedback used)."""
+    env = rdist.init("cpu")
+    c = {"name": "sign", "error_feedback": True}
+    state, got = compressor(c, "builtin"), []
+    for step in range(2):
+        t = grad(env.rank, step, 2002, torch.bfloat16)[::2]  # a strided view: 1001 elements
+        ringexp.all_reduce(t, "builtin", compression=state)
+        got.append(t.clone())
+    one = ringexp.all_reduce(grad(env.rank, 0, 2002, torch.float32)[::2].contiguous(), "builtin", compression="sign")
+    rdist.cleanup()
+    inputs = [[grad(r, step, 2002, torch.bfloat16)[::2].float() for r in range(env.world_size)] for step in range(2)]
+    want = phases("sign", CompressionConfig(name="sign"), inputs)
+    fresh = phases("sign", CompressionConfig(name="sign"), [[grad(r, 0, 2002, torch.float32)[::2] for r in
+                                                             range(env.world_size)]])
+    same = all(torch.equal(g, w.to(torch.bfloat16)) for g, w in zip(got, want, strict=True))
+    return same and torch.equal(one, fresh[0])
+
+
+def test_the_library_all_reduce_takes_a_compressor_and_keeps_its_error_feedback():
+    assert all(workers(library_worker, 3).values())

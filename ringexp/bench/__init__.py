@@ -40,7 +40,6 @@ from ringexp.timing import median_time
 from ringexp.validate import check_gpus, resolve_device
 
 log = logging.getLogger("ringexp")
-INTER = ("fp16:inter", "bf16:inter", "int8:inter")  # wire formats the hierarchical all-reduce can keep between nodes
 DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "float16": 1e-2, "bfloat16": 2e-2}
 # Copies of the largest message one rank holds at once besides one buffer per row (timed_rounds): the input, its
@@ -67,11 +66,10 @@ def check(cfg: BenchConfig, external: bool = False) -> None:
             comm.parse(name)
         except ValueError as e:
             raise ConfigError(f"bench: {e}") from None
-    odd = [c for c in cfg.compressors if c not in INTER and (c not in compress.COMPRESSORS or c == "powersgd")]
-    if odd:
-        raise ConfigError(f"bench: compressor {odd[0]} cannot be benchmarked here; choose from "
-                          f"{', '.join(c for c in compress.COMPRESSORS if c != 'powersgd')} (powersgd is a DDP hook), "
-                          f"or {', '.join(INTER)} (a wire format between nodes only, hierarchical rows)")
+    try:  # every row's name as ringexp.compress.parse reads it (compressors, :inter, :two_phase, :all_gather)
+        row_specs(cfg)
+    except ValueError as e:
+        raise ConfigError(f"bench: {e} (powersgd is a DDP hook: not benchmarked)") from None
     bad = [d for d in cfg.dtypes if d not in DTYPE_NAMES]
     if bad:
         raise ConfigError(f"bench: unknown dtype {bad[0]}; choose from {', '.join(DTYPE_NAMES)}")

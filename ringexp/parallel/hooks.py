@@ -149,6 +149,28 @@ def ddp_comm_hook(algorithm: str = "ring", compression=None, group=None, **optio
     return CommState(algorithm, options, state, group), comm_hook
 
 
+def all_reduce(tensor, algorithm: str = "ring", group=None, *, compression=None, check: bool = True, **options):
+    """ringexp.all_reduce: ringexp.comm.all_reduce (`check`: every rank's input compared first), or, with
+    `compression`, through that compressor as a DDP bucket would go (sign, topk and int8 on builtin: the two
+    phases from 3 ranks up): a name, a dict of CompressionConfig fields, or a ringexp.compress.State made by
+    `ringexp.parallel.hooks.compressor(compression, algorithm)` and passed again on every call, to keep its error
+    feedback (one State per tensor you reduce).
+    A floating-point tensor; summed in float32 and written back."""
+    state = compression if isinstance(compression, compress.State) else \
+        None if compression is None else compressor(compression, algorithm)
+    if state is None:
+        return comm.all_reduce(tensor, algorithm, group, check=check, **options)
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        got = getattr(tensor, "dtype", type(tensor).__name__)
+        raise TypeError(f"a compressed all-reduce takes a floating-point tensor (got {got})")
+    t = tensor.detach()
+    flat = t.to(torch.float32).contiguous().view(-1)
+    compress.all_reduce(flat, algorithm, state, 0, group, **options)
+    if flat.data_ptr() != t.data_ptr():
+        t.copy_(flat.view(t.shape))
+    return tensor
+
+
 def compressor(compression, algorithm: str):
     """A ringexp.compress.State from a name, a dict of CompressionConfig fields (+ momentum) or a CompressionConfig;
     None for no compression."""
