@@ -33,8 +33,19 @@ COMPUTE = {"forward_s": 0.02, "backward_s": 0.04, "optimizer_s": 0.002}
 
 def planner(cfg, cl=CLUSTER, compute=COMPUTE):
     """The planner's prediction of `cfg` (its strategy's step_cost) on a cluster, for the task's model."""
-    shapes = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters()]
-    return parallel.step_cost(cl, cfg, shapes, compute)
+    return parallel.step_cost(cl, cfg, shapes_of(cfg), compute)
+
+
+SHAPES = {}
+
+
+def shapes_of(cfg) -> list:
+    """The parameter shapes of `cfg`'s model, built once per model configuration: the refits call the planner a few
+    thousand times on the same few models (building each anew was most of their time)."""
+    key = repr((cfg.model, cfg.data.num_labels))
+    if key not in SHAPES:
+        SHAPES[key] = [p.shape for p in build_model(cfg.model, cfg.data.num_labels).parameters()]
+    return SHAPES[key]
 
 
 def test_a_knob_is_tried_only_on_the_presets_it_changes_and_each_configuration_once():
