@@ -4,6 +4,9 @@
 # (width 48: 2.6 MB of float32 gradients) for 120 steps of 8 images per rank. Plain DDP spends about 80% of its
 # step on the link there and passes 0.90 validation macro-AUROC near step 60 (docs/results/cluster-story.md).
 #   scripts/cluster_story.sh            (about an hour on 2 cores; needs root)
+#   scripts/cluster_story.sh two_phase  (the compressed all-reduce that scales, docs/results/compression-scaling.md:
+#                                        ddp, ddp_sign and hierarchical_bytegrad at seeds 0-2 and compare, into
+#                                        outputs/cluster-story-two-phase; about 30 minutes)
 # 0. the link under a training step's pattern: builtin all-reduce of the gradients' size right after another and
 #    after 0.15 s of idle (bench gap_s), against the alpha-beta time of conf/cluster/local_2x2_25mbit.yaml;
 # 1. every preset at seed 0, the levers (sign, accumulation x4 over the same samples) and a configuration known to
@@ -22,11 +25,25 @@ out="$root/outputs/cluster-story"
 cluster="$root/scripts/cluster_local.sh"
 task=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.0 data.val_size=1024 logger=none)
 steps=120
+mode="${1:-all}"
+[ "$mode" = all ] || [ "$mode" = two_phase ] || { echo "usage: scripts/cluster_story.sh [two_phase]" >&2; exit 2; }
+[ "$mode" = all ] || out="$out-two-phase"
 trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
 "$cluster" up --nodes 2 --rate 25mbit --slurm
 eval "$("$cluster" env)"  # SLURM_CONF: the cluster's Slurm, for hydra/launcher=slurm
 rm -rf "$out"
 mkdir -p "$out"
+
+sweep() {  # sweep NAME OVERRIDES...: one Slurm sweep over both nodes into $out/NAME
+  local name="$1"; shift
+  python -m ringexp.train -m hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 \
+    hydra.launcher.array_parallelism=1 "${task[@]}" "hydra.sweep.dir=$out/$name" "$@" >/dev/null
+}
+if [ "$mode" = two_phase ]; then
+  sweep runs +parallel=ddp,ddp_sign,hierarchical_bytegrad seed=0,1,2 "steps=$steps" eval_every=5
+  python -m ringexp.compare "$out/runs" --out "$out"
+  exit 0
+fi
 
 for gap in 0 0.15; do  # 0.15 s: about what a rank computes between two all-reduces here
   "$cluster" torchrun --nproc-per-node 2 -- -m ringexp.bench "algorithms=[builtin]" "sizes=[2588000]" iters=15 \
@@ -35,11 +52,6 @@ done
 python -m ringexp.plan accuracy cluster=local_2x2_25mbit "bench=[$out/link-gap0/bench.json,$out/link-gap0.15/bench.json]" \
   "out=$out/link"
 
-sweep() {  # sweep NAME OVERRIDES...: one Slurm sweep over both nodes into $out/NAME
-  local name="$1"; shift
-  python -m ringexp.train -m hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 \
-    hydra.launcher.array_parallelism=1 "${task[@]}" "hydra.sweep.dir=$out/$name" "$@" >/dev/null
-}
 sweep presets +parallel=ddp,ddp_tuned,hierarchical,hierarchical_int8,ring_fp16,ddp_powersgd,fsdp,ddp_topk \
   "steps=$steps" eval_every=5
 sweep levers +parallel=ddp compression=sign "steps=$steps" eval_every=5

@@ -209,6 +209,6 @@ def test_predict_on_16_nodes_of_h100_shows_the_algorithm_and_protocol_each_prese
     table = {line.split(" | ")[0].strip("| "): line for line in (out / "plan.md").read_text().splitlines()
              if line.startswith("| ")}
     assert table["preset"].endswith("NCCL's choice (model) |")
-    assert "allreduce tree/LL" in table["ddp_powersgd"] and "its own p2p ring" in table["ring"]
+    assert "allreduce tree/LL" in table["ddp_powersgd"] and "its own p2p messages" in table["ring"]
     rows = {r["preset"]: r for r in json.loads((out / "plan.json").read_text())["rows"]}
     assert rows["ddp"]["nccl"].startswith("allreduce ") and rows["ring"]["nccl"] == ""

@@ -28,7 +28,7 @@ def report(cl, base, rows: list, compute: dict, source: str, command: str, budge
                      f"{r['comm_s']:.3f} | {r['exposed_s']:.3f} | {r['step_s']:.3f} | {r['samples_s']:.1f} | "
                      f"{r['whole_samples_s']:.1f} | {r['speedup']:.2f}x | {r['sent_bytes'] / 1e6:.2f} | "
                      f"{r['quality']}{diff} |"
-                     + (f" {r['nccl'] or 'its own p2p ring'} |" if nccl else ""))
+                     + (f" {r['nccl'] or 'its own p2p messages'} |" if nccl else ""))
     return "\n".join(lines + quality_lines(rows, command, budget, record, rest, ranks)) + "\n"
 
 
