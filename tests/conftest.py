@@ -102,6 +102,74 @@ def run_cli(run_dir: Path, *overrides: str, module: str = "ringexp.train", timeo
     return subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
 
 
+# `python -m ringexp.train ARGS` as a tune's trial runs it, forked from this pytest worker's warm interpreter (zygote):
+# a trial's own run is about a second of training behind 10 s of imports, and the tune's tests run a dozen trials.
+# This client is the trial's process (the tune's keeper starts it and signals its group): it hands its stdin, stdout
+# and stderr, directory, environment and arguments to the warm interpreter, passes every signal it gets on to the
+# forked run's process group (the run starts a session of its own), and exits as the run did.
+TRAIN_CLIENT = r"""import json, os, signal, socket, sys
+caught = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+signal.pthread_sigmask(signal.SIG_BLOCK, caught)  # (held until the run's pid is known)
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn.connect(sys.argv[1])
+request = {"module": "ringexp.train", "args": sys.argv[2:], "cwd": os.getcwd(), "env": dict(os.environ)}
+socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+pid = int(conn.recv(64))
+
+def forward(sig, _):
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:  # (not yet its own group's leader, or gone)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+for s in caught:
+    signal.signal(s, forward)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, caught)
+code = int(conn.recv(64))
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
+def train_command(where: Path) -> str:
+    """The shell command (to exec, with "$@") that runs ringexp.train as a tune's trial: forked from the warm
+    interpreter through TRAIN_CLIENT (written into `where`), or `python -m ringexp.train` under RINGEXP_TEST_FRESH=1."""
+    if zygote.fresh():
+        return f"{sys.executable} -m ringexp.train"
+    client = where / "train_client.py"
+    client.write_text(TRAIN_CLIENT)
+    return f"{sys.executable} {client} {zygote.server().path}"
+
+
+def start_module(module: str, *args: str):
+    """`python -m module args` in ROOT, in a session of its own, stdout and stderr piped: zygote.Forked's (forked
+    from the warm interpreter: the tune's tests start it three times, 10 s of imports each), or Popen's under
+    RINGEXP_TEST_FRESH=1."""
+    if zygote.fresh():
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=cli_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(zygote, "MODULE", module)  # (what zygote.Forked runs: ringexp.train unless told)
+        return zygote.Forked(list(args), cli_env())
+
+
+def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True) of `python -m module args` in ROOT, as start_module starts it."""
+    proc = start_module(module, *args)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def cli_env(extra=None) -> dict:
     """A command's environment: this one, W&B quiet, tracebacks left to ringexp (no HYDRA_FULL_ERROR)."""
     env = {**os.environ, "WANDB_SILENT": "true", **(extra or {})}

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, alive, descendants, error_line, refused
+from conftest import ROOT, TINY, alive, descendants, error_line, refused, run_module, start_module, train_command
 
 from ringexp import conffiles, records
 from ringexp.cluster import files as clusters
@@ -206,7 +206,7 @@ def test_a_second_tune_into_a_live_tune_names_its_pid_and_tune_out(tmp_path):
 SLOW_WRAPPER = """#!/bin/sh
 # a launcher that is slow to start the ddp_fp16 trials while {slow} exists (a busy cluster): the tune is killed then
 case "$*" in *ddp_fp16*) while [ -e {slow} ]; do sleep 0.2; done ;; esac
-exec {python} -m ringexp.train "$@"
+exec {train} "$@"
 """
 
 
@@ -216,15 +216,13 @@ def test_a_killed_tune_leaves_no_trial_running_and_the_same_command_continues(tm
     the same command continues: the trial runs again into its directory, nothing is refused."""
     out, slow = tmp_path / "tune", tmp_path / "slow"
     wrapper = tmp_path / "launch.sh"
-    wrapper.write_text(SLOW_WRAPPER.format(slow=slow, python=sys.executable))
+    wrapper.write_text(SLOW_WRAPPER.format(slow=slow, train=train_command(tmp_path)))
     wrapper.chmod(0o755)
     slow.write_text("")
     args = [*TASK, "steps=16", "eval_every=8", "tune.budget_min=20", "tune.trial_steps=8", "tune.rungs=1",
             "tune.seeds=2", "tune.verify=1", "tune.presets=[ddp_fp16]", "tune.knobs=[]",
             "tune.cluster=local_2x2_1gbit", f"tune.command={wrapper}", f"tune.out={out}"]
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    p = subprocess.Popen([sys.executable, "-m", "ringexp.tune", *args], cwd=ROOT, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = start_module("ringexp.tune", *args)
     log = out / "trials" / "try-r0-ddp_fp16" / trials.LOG
     deadline = time.monotonic() + 240
     while not log.exists() and p.poll() is None and time.monotonic() < deadline:
@@ -241,8 +239,7 @@ def test_a_killed_tune_leaves_no_trial_running_and_the_same_command_continues(tm
     left = [x for x in tree if alive(x)]
     slow.unlink()  # (a trial left running would now start training into the directory the next start reuses)
     assert not left, "the trial outlived its tune"
-    again = subprocess.run([sys.executable, "-m", "ringexp.tune", *args], cwd=ROOT, env=env, text=True,
-                           capture_output=True, timeout=600)
+    again = run_module("ringexp.tune", *args, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     recs = [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
     assert all(r["status"] == "completed" for r in recs), [(r["key"], r["status"], r.get("reason")) for r in recs]

@@ -7,13 +7,11 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, TINY
+from conftest import TINY, start_module, train_command
 from hydra import compose, initialize_config_dir
 
 from ringexp import conffiles, parallel
@@ -163,13 +161,13 @@ def test_a_short_trial_of_powersgd_measures_it_compressed_and_is_ranked_by_its_w
 CRASH = """#!/bin/sh
 # a launcher whose ring_int8 trials crash (a node lost), as a real one might: the tune must record it and go on
 case "$*" in *ring_int8*) kill -9 $$ ;; esac
-exec {python} -m ringexp.train "$@"
+exec {train} "$@"
 """
 
 
 def tune_args(tmp_path, out):
     wrapper = tmp_path / "launch.sh"
-    wrapper.write_text(CRASH.format(python=sys.executable))
+    wrapper.write_text(CRASH.format(train=train_command(tmp_path)))
     wrapper.chmod(0o755)
     return [*TASK, "steps=24", "eval_every=12", "tune.budget_min=20", "tune.trial_steps=8", "tune.rungs=1",
             "tune.seeds=2", "tune.verify=2", "tune.presets=[ddp_fp16,ring_int8]", "tune.knobs=[]",
@@ -177,9 +175,7 @@ def tune_args(tmp_path, out):
 
 
 def start_tune(args):
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    return subprocess.Popen([sys.executable, "-m", "ringexp.tune", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return start_module("ringexp.tune", *args)
 
 
 def lines(path):
@@ -199,9 +195,9 @@ def test_a_tiny_tune_survives_a_failing_trial_and_a_kill_and_writes_the_playbook
     while len(lines(out / "trials.jsonl")) < 3 and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    _, err = p.communicate(timeout=60)
     before = lines(out / "trials.jsonl")
-    assert len(before) >= 3, p.stderr.read()[-2000:]
+    assert len(before) >= 3, err[-2000:]
     again = start_tune(args)
     stdout, stderr = again.communicate(timeout=600)
     assert again.returncode == 0, stderr[-3000:]
