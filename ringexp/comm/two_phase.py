@@ -18,6 +18,7 @@ all_to_all is), over `members` of `group` (a sub-ring: hierarchical's inter-node
         encode(x) -> uint8 payload, add_into(payload, dst), copy_into(payload, dst)
     residual(role, x) -> x plus that role's residual (x itself, or a new tensor)
     keep(role, x, sent): that role's residual becomes x - sent (or nothing, without error feedback)
+    feedback: whether it keeps residuals at all (else the worker's encodings are not decoded again)
 """
 
 from types import SimpleNamespace
@@ -42,10 +43,11 @@ def all_reduce(tensor, group, codec, members=None, timeout_s=None, **_options):
     parts = [codec.part(b, e) for b, e in bounds]
     x = codec.residual("worker", flat)
     payloads = [part.encode(x[b:e]) for part, (b, e) in zip(parts, bounds, strict=True)]
-    sent = torch.empty_like(x)
-    for part, payload, (b, e) in zip(parts, payloads, bounds, strict=True):
-        part.copy_into(payload, sent[b:e])
-    codec.keep("worker", x, sent)
+    if codec.feedback:  # what this rank's encodings lost: decode them (not needed without error feedback)
+        sent = torch.empty_like(x)
+        for part, payload, (b, e) in zip(parts, payloads, bounds, strict=True):
+            part.copy_into(payload, sent[b:e])
+        codec.keep("worker", x, sent)
     mine, (lo, hi) = parts[r], bounds[r]
     theirs = exchange(group, ring, r, payloads, [mine.nbytes(hi - lo)] * n, "all-to-all", timeout_s)
     total = torch.zeros(hi - lo, dtype=torch.float32, device=flat.device)
@@ -66,7 +68,7 @@ def all_reduce(tensor, group, codec, members=None, timeout_s=None, **_options):
 def shifted(codec, offset: int):
     """`codec` for a tensor that starts `offset` elements into the one it was made for (hierarchical's shards)."""
     return SimpleNamespace(part=lambda lo, hi: codec.part(lo + offset, hi + offset), residual=codec.residual,
-                           keep=codec.keep)
+                           keep=codec.keep, feedback=codec.feedback)
 
 
 def exchange(group, ring, r: int, outgoing: list, sizes: list, phase: str, timeout_s) -> list:

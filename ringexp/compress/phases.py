@@ -62,7 +62,7 @@ def codec(m, c, ctx, state, bucket: int):
         else:
             store(role)[bucket] = x - sent
 
-    return SimpleNamespace(part=part, residual=residual, keep=keep)
+    return SimpleNamespace(part=part, residual=residual, keep=keep, feedback=state.ef)
 
 
 def reference(xs: list, m, c, ctx):

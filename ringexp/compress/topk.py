@@ -38,9 +38,10 @@ def select(x, k: int):
     for 16M elements on one core); instead, as DGC does, a threshold from a strided sample keeps a few more than
     k candidates in three passes, and the top-k runs on those. Should the sample mislead (fewer than k pass), the
     full top-k: the sample decides the speed, never the result. NaN counts as the largest magnitude, so a NaN
-    gradient is sent (and seen), never dropped."""
+    gradient is sent (and seen), never dropped. From 4 samples' worth of elements up (64k): the two phases' chunks
+    are 1/p of a bucket, and a full top-k of a 512k chunk took 3.7x the sampled one on one core."""
     n = x.numel()
-    if n >= 64 * SAMPLE and k < n // 8:
+    if n >= 4 * SAMPLE and k < n // 8:
         magnitude = torch.abs(x, out=scratch("topk-magnitude", n, x.dtype, x.device))
         sample = magnitude[:: n // SAMPLE].nan_to_num(nan=float("inf"))
         # about 1.5 k of the n elements are at least this large (the sample's top 1.5 k / n)
