@@ -81,10 +81,13 @@ def workers(fn, n: int, *args) -> dict:
 
 def start_forkserver():
     """Start multiprocessing's forkserver with this module and torch imported once (idempotent). Python 3.11's
-    forkserver ignores the parent's sys.path, so tests/ reaches it through PYTHONPATH, for its start only."""
+    forkserver ignores the parent's sys.path, so tests/ reaches it through PYTHONPATH, for its start only.
+    torchmetrics too (and torch's compiler, which it imports): a worker that wraps a model in DDP or evaluates
+    imports them, 3 s of CPU a worker (10 under load), once here instead (pytest's own process only where a test
+    uses it)."""
     from multiprocessing import forkserver
 
-    forkserver.set_forkserver_preload(["conftest"])
+    forkserver.set_forkserver_preload(["conftest", "torchmetrics"])
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), saved) if p)
     try:
