@@ -95,7 +95,10 @@ def test_the_validation_set_test_tells_a_harmed_model_from_a_copy():
     assert auroc.word == "worse" and auroc.ci95[0] <= want <= auroc.ci95[1] and auroc.diff == pytest.approx(want)
 
 
-SHORT = [*TINY, "steps=60", "eval_every=20", "data.train_size=2048", "data.val_size=512", "data.batch_size=32",
+# 30 steps (about one epoch of the 2,048 samples): top-k is worse by 0.12 AUROC (95% interval up to -0.09) and fp16's
+# 90% interval is [-0.012, +0.006], further inside the 0.02 margin than at 60 steps ([-0.014, +0.001]); at 20 steps
+# top-k is only 0.04 worse, too close to call a fixed check
+SHORT = [*TINY, "steps=30", "eval_every=10", "data.train_size=2048", "data.val_size=512", "data.batch_size=32",
          "logger=none"]
 PRESETS = {"plain": ["+parallel=ddp"], "fp16": ["+parallel=ddp_fp16"],
            "harmful": ["+parallel=ddp_topk", "compression.ratio=0.001", "compression.error_feedback=false"]}
