@@ -3,7 +3,7 @@
 # node's link shaped to RATE in both directions (tbf), ranks on one node talking over that namespace's own
 # loopback, unshaped (the fast intra-node level). Needs root, ip and tc.
 #   scripts/cluster_local.sh up [--nodes N] [--rate RATE] [--slurm]
-#                                                            N from 2 to 4 (2); RATE a tc rate (1gbit, 250mbit)
+#                                                            N from 2 to 8 (2); RATE a tc rate (1gbit, 250mbit)
 #                                                            or none (1gbit); --slurm: also a Slurm across the
 #                                                            nodes (partition "cluster"; for sbatch, srun and
 #                                                            hydra, eval "$(scripts/cluster_local.sh env)")
@@ -74,7 +74,7 @@ up() {
       *) fail "unknown option $1 (up [--nodes N] [--rate RATE] [--slurm])" 2 ;;
     esac
   done
-  [[ "$nodes" =~ ^[2-4]$ ]] || fail "--nodes $nodes: give 2, 3 or 4" 2
+  [[ "$nodes" =~ ^[2-8]$ ]] || fail "--nodes $nodes: give 2 to 8" 2
   [[ "$rate" =~ ^(none|[0-9]+(\.[0-9]+)?[kmg]?(bit|bps))$ ]] || fail "--rate $rate: give a tc rate such as 1gbit or 250mbit, or none" 2
   need
   if [ -f "$dir/nodes" ] && [ "$(cat "$dir/nodes")" = "$nodes $rate $slurm" ] && status >/dev/null 2>&1; then
@@ -199,8 +199,28 @@ run() {  # run NODE -- CMD...
     RINGEXP_CLUSTER_LINK="$rate" "$@"
 }
 
+rendezvous_port() {  # a port for torchrun's rendezvous on node 0 that no socket there uses
+  # Not 29500 + a random 1000, as this once took: the Slurm jobs on these same nodes listen on a port submitit
+  # derives from the job id, anywhere in 20000-60000 (job 4's is 30486), and connections take the kernel's
+  # 32768-60999. A port in use makes node 0's agent fail at once (EADDRINUSE) while node 1's connects to whatever
+  # listens there and waits for it for torchrun's 600 s. So: 10000-19999, which neither uses, and none that node 0
+  # holds in any state. docs/cluster.md, "The rendezvous".
+  local p
+  for _ in $(seq 1 100); do
+    p=$((10000 + RANDOM % 10000))
+    if [ -z "$(nsenter --net="/var/run/netns/$(ns 0)" ss -Htan "( sport = :$p )")" ]; then echo "$p"; return; fi
+  done
+  fail "no free port for the rendezvous on $(ns 0)" 1
+}
+
+stop_nodes() {  # stop_nodes CODE: SIGTERM to torchrun_all's torchruns, and exit CODE once they are gone
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  wait || true
+  exit "$1"
+}
+
 torchrun_all() {  # torchrun [--nproc-per-node K] -- ARGS...
-  local nproc=2 port pids=() rc=0
+  local nproc=2 port pids=() rc=0 rdzv_timeout=120
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     case "$1" in
       --nproc-per-node) nproc="$2"; shift 2 ;;
@@ -210,13 +230,20 @@ torchrun_all() {  # torchrun [--nproc-per-node K] -- ARGS...
   [ "${1:-}" = "--" ] && shift
   [ -f "$dir/nodes" ] || fail "not up (scripts/cluster_local.sh up)" 1
   read -r nodes _ _ <"$dir/nodes"
-  port=$((29500 + RANDOM % 1000))
+  port="$(rendezvous_port)"
   # every node of this cluster runs on this one machine's cores: a thread each for all nodes' ranks, not the
   # cores / ranks per node a real node would give (4 x 1 ranks with 2 threads each on 2 cores collapsed)
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / (nodes * nproc) > 1 ? $(nproc) / (nodes * nproc) : 1 ))}"
+  # stopped itself (SIGTERM, SIGHUP: `timeout`, a caller's time limit), it stops every node's torchrun, which stops
+  # its workers, rather than leave them running on without it
+  trap 'stop_nodes 143' TERM
+  trap 'stop_nodes 129' HUP
   for i in $(seq 0 $((nodes - 1))); do
+    # rdzv timeout: how long an agent waits for the others to join (torchrun's static rendezvous: 600 s). Every
+    # node starts here at once, so one that has not joined within it never will (its agent failed, e.g. node 0's
+    # could not listen): the others then fail saying so, instead of waiting for it for 10 minutes.
     "$0" run "$i" -- torchrun --nnodes="$nodes" --node-rank="$i" --nproc-per-node="$nproc" \
-      --master-addr="$(addr 0)" --master-port="$port" "$@" &
+      --master-addr="$(addr 0)" --master-port="$port" --rdzv-conf="timeout=$rdzv_timeout" "$@" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || { r=$?; [ "$rc" = 0 ] && rc=$r; }; done

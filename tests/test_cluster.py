@@ -3,12 +3,15 @@ It comes up and goes down leaving nothing behind; a job spans its nodes through 
 and through hydra/launcher=slurm; every hand-written collective equals builtin across the real node boundary, and
 the hierarchical groups follow the nodes."""
 
+import contextlib
 import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,10 +43,64 @@ def slurm_env() -> dict:
 
 
 def cluster(*args, timeout=300):
-    """The script, with this interpreter's torchrun first on PATH."""
+    """The script, with this interpreter's torchrun first on PATH (see `ended` for what it says past `timeout`)."""
+    return ended(started(*args), timeout)
+
+
+def started(*args) -> subprocess.Popen:
+    """The script started in a session of its own, its output going to files, not pipes: a worker that outlived its
+    agent would hold a pipe open."""
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "WANDB_SILENT": "true"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([SCRIPT, *args], stdout=out, stderr=err, text=True, cwd=ROOT, env=env,
+                            start_new_session=True)
+    proc.files = out, err
+    return proc
+
+
+def ended(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """`started`'s script once it has ended. Still running after `timeout` s, it fails saying what runs on the nodes
+    and what their sockets wait for, and the last of what the script printed; then it stops the script."""
+    out, err = proc.files
+    try:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out.seek(0), err.seek(0)  # what it said, and what runs on the nodes, before the agents are stopped
+            said = (f"{on_the_nodes()}\n--- stdout, last lines\n{out.read()[-3000:]}\n"
+                    f"--- stderr, last lines\n{err.read()[-8000:]}")
+            stop_group(proc)
+            raise AssertionError(f"cluster_local.sh {' '.join(proc.args[1:])}: still running after {timeout} s\n"
+                                 f"{said}") from None
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    finally:
+        out.close(), err.close()
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the script (its torchrun command passes it to every node's agent, which stops its workers within
+    its 30 s of grace), then SIGKILL to its whole process group."""
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=40)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def on_the_nodes() -> str:
+    """Every process in the nodes' namespaces (pid, parent, state, age, command) and their TCP sockets."""
+    said = []
+    for ns in sorted(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                     if n.startswith("ringexp-node")):
+        pids = ip_netns_pids(ns)
+        ps = subprocess.run(["ps", "-o", "pid,ppid,stat,etimes,args", "-p", ",".join(pids) or "0"],
+                            capture_output=True, text=True).stdout
+        ss = subprocess.run(["ip", "netns", "exec", ns, "ss", "-tanp"], capture_output=True, text=True).stdout
+        said.append(f"--- {ns}: processes\n{ps[:4000]}--- {ns}: TCP sockets\n{ss[:4000]}")
+    return "\n".join(said)
 
 
 def leftovers() -> list:
@@ -160,22 +217,21 @@ def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(
     run = tmp_path / "run"
     args = ["-m", "ringexp.train", *TINY, "steps=20", "eval_every=1000", "checkpoint.every_steps=5",
             "parallel.timeout_s=10", "logger=none", f"hydra.run.dir={run}"]
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
-    proc = subprocess.Popen([SCRIPT, "torchrun", "--nproc-per-node", "2", "--", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = started("torchrun", "--nproc-per-node", "2", "--", *args)
     try:
         deadline = time.monotonic() + 120
         while not list(run.glob("checkpoints/step-*/meta.json")) and time.monotonic() < deadline:
             time.sleep(0.2)
         subprocess.run(["ip", "link", "set", "rxv1", "down"], check=True)
         cut = time.monotonic()
-        _, err = proc.communicate(timeout=10 + 30)
-        took = time.monotonic() - cut
+        r = ended(proc, 10 + 30)
+        took, err = time.monotonic() - cut, r.stderr
     finally:
         subprocess.run(["ip", "link", "set", "rxv1", "up"], check=True)
-        proc.kill()
+        if proc.poll() is None:
+            stop_group(proc)
         slurm_nodes_idle()  # node 1's slurmd was cut off too: Slurm marked it down
-    assert proc.returncode != 0 and took < 10 + 30, (took, err[-3000:])
+    assert r.returncode != 0 and took < 10 + 30, (took, err[-3000:])
     lines = [x for x in err.splitlines() if x.startswith("ringexp: error: rank ")]
     # (a string, not a list: pytest shortens a list's repr, and this shows which rank said what)
     assert len(lines) == 4, "\n".join(x for x in err.splitlines() if "ringexp" in x or "rank" in x)[-6000:] or err
