@@ -2,6 +2,7 @@
 external torchrun (or a Slurm task) already made this process one rank of the job; `run_worker` is every rank's
 entry point."""
 
+import contextlib
 import logging
 import os
 import re
@@ -104,16 +105,20 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
         # (gloo's peer addresses) are still found: the restarted ranks then connect to dead ports. Without
         # sharing, each round's rank 0 serves a fresh store on a fresh port.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
-        # Port 0: the rendezvous store picks a free port, so consecutive or concurrent jobs never collide.
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-        start_method=start_method, max_restarts=max_restarts, monitor_interval=0.1,
-        signals_to_handle=stop.TORCH_HANDLES,
-        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir or tempfile.mkdtemp(prefix="ringexp-"))),
-    )
-    with stop.launching():
-        return elastic_launch(config, fn)(*args)
+    # Without a log_dir (the bench, calibrate: no run directory) the agent's per-attempt folders go to a
+    # temporary one that is removed afterwards, not left in the user's /tmp after every job.
+    with contextlib.ExitStack() as stack:
+        logs = log_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="ringexp-",
+                                                                          ignore_cleanup_errors=True))
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
+            # Port 0: the rendezvous store picks a free port, so consecutive or concurrent jobs never collide.
+            rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+            start_method=start_method, max_restarts=max_restarts, monitor_interval=0.1,
+            signals_to_handle=stop.TORCH_HANDLES, logs_specs=DefaultLogsSpecs(log_dir=str(logs)),
+        )
+        with stop.launching():
+            return elastic_launch(config, fn)(*args)
 
 
 def launch(cfg, run_dir: Path, meta: dict):

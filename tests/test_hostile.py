@@ -13,6 +13,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 
@@ -33,6 +34,7 @@ from conftest import (
     start,
     wait_for_step,
     worker_pid,
+    workers,
 )
 from PIL import Image
 
@@ -432,3 +434,15 @@ def test_16_bit_images_are_scaled_not_clipped(tmp_path):
     deep_x, shallow_x = ds[0][0], ds[1][0]
     assert torch.equal(deep_x, shallow_x)
     assert len(torch.unique(deep_x)) == 256  # clipping would leave 2 values
+
+
+def seven():
+    return 7
+
+
+def test_a_job_without_a_run_directory_leaves_nothing_in_the_temporary_directory(tmp_path, monkeypatch):
+    """Calibrate and the tests' workers launch with no run directory for the agent's per-attempt folders; they went
+    to a mkdtemp that outlived every job (113 of them in /tmp after one suite)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert workers(seven, 2) == {0: 7, 1: 7}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ringexp-")] == []
