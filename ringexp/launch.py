@@ -105,11 +105,11 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
         # (gloo's peer addresses) are still found: the restarted ranks then connect to dead ports. Without
         # sharing, each round's rank 0 serves a fresh store on a fresh port.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    # Without a log_dir (the bench, calibrate: no run directory) the agent's per-attempt folders go to a
+    # Without a log_dir (calibrate, the tests' workers: no run directory) the agent's per-attempt folders go to a
     # temporary one that is removed afterwards, not left in the user's /tmp after every job.
-    with contextlib.ExitStack() as stack:
-        logs = log_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="ringexp-",
-                                                                          ignore_cleanup_errors=True))
+    where = contextlib.nullcontext(log_dir) if log_dir else tempfile.TemporaryDirectory(prefix="ringexp-",
+                                                                                        ignore_cleanup_errors=True)
+    with where as logs:
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:12],
             # Port 0: the rendezvous store picks a free port, so consecutive or concurrent jobs never collide.

@@ -149,28 +149,21 @@ def train_command(where: Path) -> str:
     return f"{sys.executable} {client} {zygote.server().path}"
 
 
-def start_module(module: str, *args: str):
+def start_module(module: str, *args: str, fresh: bool = False):
     """`python -m module args` in ROOT, in a session of its own, stdout and stderr piped: zygote.Forked's (forked
-    from the warm interpreter: the tune's tests start it three times, 10 s of imports each), or Popen's under
-    RINGEXP_TEST_FRESH=1."""
-    if zygote.fresh():
-        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=cli_env(), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(zygote, "MODULE", module)  # (what zygote.Forked runs: ringexp.train unless told)
-        return zygote.Forked(list(args), cli_env())
+    from the warm interpreter: 10 s of imports less each) unless `fresh` or RINGEXP_TEST_FRESH=1, else Popen's."""
+    if not (fresh or zygote.fresh()):
+        return zygote.Forked(list(args), cli_env(), module)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=cli_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def run_module(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    """subprocess.run(capture_output=True, text=True) of `python -m module args` in ROOT, as start_module starts it."""
-    proc = start_module(module, *args)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """subprocess.run(capture_output=True, text=True) of `python -m module args` in ROOT, forked as start_module's."""
+    if zygote.fresh():
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=cli_env(), capture_output=True,
+                              text=True, timeout=timeout)
+    return zygote.run(list(args), cli_env(), timeout, module)
 
 
 def cli_env(extra=None) -> dict:
@@ -285,13 +278,9 @@ KILL_CASES = [("ring+wandb", "rank0", True), ("ring_fp16", "job", True), ("ddp_t
 
 
 def start(run_dir, *overrides, fresh=False):
-    """The run started in its own session (Popen's, or zygote.Forked's: forked from a warm interpreter unless
-    `fresh`), its stdout and stderr piped."""
-    args, env = [*overrides, f"hydra.run.dir={run_dir}"], cli_env()
-    if not (fresh or zygote.fresh()):
-        return zygote.Forked(args, env)
-    return subprocess.Popen([sys.executable, "-m", zygote.MODULE, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    """The run started in its own session (start_module's: forked from a warm interpreter unless `fresh`), its
+    stdout and stderr piped."""
+    return start_module(zygote.MODULE, *overrides, f"hydra.run.dir={run_dir}", fresh=fresh)
 
 
 def descendants(pid: int) -> set:

@@ -115,13 +115,13 @@ def server():
 class Forked:
     """The part of subprocess.Popen(text=True, stdout=PIPE, stderr=PIPE) the tests use, for a forked child."""
 
-    def __init__(self, args: list, env: dict):
-        self.args, self.returncode = [sys.executable, "-m", MODULE, *args], None
+    def __init__(self, args: list, env: dict, module: str = MODULE):
+        self.args, self.returncode = [sys.executable, "-m", module, *args], None
         out, err = os.pipe(), os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.conn.connect(server().path)
-        request = {"module": MODULE, "args": list(args), "cwd": str(ROOT), "env": dict(env)}
+        request = {"module": module, "args": list(args), "cwd": str(ROOT), "env": dict(env)}
         socket.send_fds(self.conn, [json.dumps(request).encode()], [null, out[1], err[1]])
         for fd in (null, out[1], err[1]):
             os.close(fd)
@@ -176,9 +176,9 @@ def remaining(deadline):
     return None if deadline is None else max(0.001, deadline - time.monotonic())
 
 
-def run(args: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """subprocess.run(capture_output=True, text=True, timeout=...) of `python -m ringexp.train args` in ROOT, forked."""
-    proc = Forked(args, env)
+def run(args: list, env: dict, timeout: float, module: str = MODULE) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True, timeout=...) of `python -m module args` in ROOT, forked."""
+    proc = Forked(args, env, module)
     try:
         out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:
