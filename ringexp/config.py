@@ -283,6 +283,11 @@ NCCL_CHOICES = {"NCCL_ALGO": ("tree", "ring", "collnetdirect", "collnetchain", "
                 "NCCL_PROTO": ("ll", "ll128", "simple"),
                 "NCCL_DEBUG": ("version", "warn", "info", "abort", "trace")}
 NCCL_COUNTS = ("NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+# The most NCCL takes of each (src/transport/net_socket.cc MAX_THREADS 16 and MAX_SOCKETS 64, the product of the
+# two socket variables; src/include/device.h MAXCHANNELS 64): beyond, NCCL only warns and lowers them, so a value
+# there is a typo ringexp refuses rather than a setting whose run would differ from its plan.
+NCCL_MAX = {"NCCL_SOCKET_NTHREADS": 16, "NCCL_NSOCKS_PERTHREAD": 64, "NCCL_MIN_NCHANNELS": 64,
+            "NCCL_MAX_NCHANNELS": 64, "sockets": 64}
 # Variables naming a library or a file the backend loads or parses (NCCL's net, tuner, profiler and env plugins and
 # the libibverbs it opens; its config, topology and graph files; the example tuner plugin's config; the headers torch's
 # NCCL EP extension compiles at run time): one in a config runs that code in every worker, as LD_PRELOAD would.
@@ -331,8 +336,26 @@ class BackendConfig:
             if key in NCCL_CHOICES:
                 bad = nccl_list_error(key, str(value))
                 need(not bad, f"backend.env.{key}", value, bad)
-            if key in NCCL_COUNTS:
-                need(str(value).isdigit() and int(value) >= 1, f"backend.env.{key}", value, "must be an integer >= 1")
+            bad = nccl_count_error(key, str(value))
+            need(not bad, f"backend.env.{key}", value, bad)
+        bad = nccl_sockets_error(self.env)
+        need(not bad, "backend.env.NCCL_SOCKET_NTHREADS", self.env.get("NCCL_SOCKET_NTHREADS"), bad)
+
+
+def nccl_count_error(key: str, value: str) -> str:
+    """What is wrong with a count NCCL reads (NCCL_COUNTS), or '' (also for other variables)."""
+    if key in NCCL_COUNTS and not (value.isdigit() and 1 <= int(value) <= NCCL_MAX[key]):
+        return f"must be an integer in [1, {NCCL_MAX[key]}] (NCCL's most)"
+    return ""
+
+
+def nccl_sockets_error(env: dict) -> str:
+    """NCCL's threads x sockets per thread above its MAX_SOCKETS, or ''."""
+    got = [str(env.get(k, "1")) for k in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")]
+    if all(g.isdigit() for g in got) and int(got[0]) * int(got[1]) > NCCL_MAX["sockets"]:
+        return (f"times NCCL_NSOCKS_PERTHREAD={got[1]} is more than NCCL's {NCCL_MAX['sockets']} sockets per "
+                "connection; lower either")
+    return ""
 
 
 def nccl_list_error(key: str, value: str) -> str:

@@ -152,7 +152,8 @@ def cases_doc() -> dict:
     build), two runs, one the other's baseline."""
     shipped = yaml.safe_load(Path(ROOT, "ringexp", "plan", "published.yaml").read_text())
     return {"clusters": {"dgx1_v100": shipped["clusters"]["dgx1_v100"]}, "cases": [{
-        "name": "tiny", "source": "made up for the test", "cluster": "dgx1_v100", "params": 25_000_000, "batch": 32,
+        "name": "tiny", "study": "made-up", "source": "made up for the test", "cluster": "dgx1_v100",
+        "params": 25_000_000, "batch": 32,
         "compute": {"step_s": 0.1, "source": "made up"},
         "runs": [{"name": "1 node", "nodes": 1, "ranks_per_node": 8, "step_s": 0.11, "source": "made up"},
                  {"name": "2 nodes", "nodes": 2, "ranks_per_node": 8, "step_s": 0.12, "source": "made up",

@@ -22,12 +22,13 @@ latency x steps + bytes / bandwidth per algorithm).
 
 A step: buckets of gradients whose collectives start when backward has produced them and run one after another
 on one stream; exposed communication is what is left after backward ends [the overlap model of Echo (Wang et
-al. 2024) and ASTRA-sim in its simplest form: compute is not slowed by communication].
+al. 2024) and ASTRA-sim in its simplest form], and on GPUs backward runs slower by a cited factor while
+communication runs beside it (`slowed`).
 """
 
 from dataclasses import dataclass
 
-from ringexp.cluster.schema import EFFICIENCY
+from ringexp.cluster.schema import EFFICIENCY, OVERLAP_SLOWDOWN, SOCKET_BPS, SOCKET_CHANNELS
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,14 @@ def ranks(cl) -> int:
 
 
 def efficiency(link) -> float:
-    return EFFICIENCY[link.transport] if link.efficiency is None else link.efficiency
+    """The share of line rate a level's transport reaches: its own `efficiency`, else its transport's (schema.py
+    EFFICIENCY), a socket's from its streams: 1 / (1 + line rate / (streams x ceiling)), schema.py SOCKET_BPS."""
+    if link.efficiency is not None:
+        return link.efficiency
+    if link.transport != "socket":
+        return EFFICIENCY[link.transport]
+    streams = link.streams or SOCKET_CHANNELS
+    return 1 / (1 + 1 / (link.beta_s_per_byte * streams * (link.socket_Bps or SOCKET_BPS)))
 
 
 def beta(link) -> float:
@@ -110,6 +118,21 @@ def root_gather_s(cl, payload: float, n: float, wire: Wire) -> float:
     gather = (k - 1) * hop(cl.intra, payload) + far * hop(cl.inter, payload)
     back = (k - 1) * hop(cl.intra, ranks(cl) * payload) + far * hop(cl.inter, ranks(cl) * payload)
     return gather + back + ranks(cl) * n * wire.decode + n * wire.encode
+
+
+def overlap_slowdown(cl) -> float:
+    """How much slower compute runs while communication runs beside it: the file's, else on NCCL the GPU
+    generation's (schema.py OVERLAP_SLOWDOWN), on gloo 0 (a CPU cluster's compute_slowdown holds it)."""
+    if cl.overlap_slowdown is not None:
+        return cl.overlap_slowdown
+    return OVERLAP_SLOWDOWN[cl.gpu_arch] if cl.backend == "nccl" else 0.0
+
+
+def slowed(cl, comm_s: float, exposed_s: float) -> float:
+    """What a step loses beyond compute when `comm_s` seconds of collectives ran, `exposed_s` of them after
+    backward: backward lasts overlap_slowdown x the rest longer (the communication beside it slows it), which
+    hides as much more of what was exposed."""
+    return max(exposed_s, overlap_slowdown(cl) * (comm_s - exposed_s))
 
 
 def overlap(ready: list, comm: list, backward_s: float) -> tuple:

@@ -83,22 +83,33 @@ def commit() -> str:
         return "unknown"
 
 
-def inter_level(got: dict, line_rate: str | None, note: str) -> dict:
+def inter_level(got: dict, line_rate: str | None, note: str, streams: int = 0) -> dict:
     """A level as a file keeps it: at `line_rate` (a tc rate: the measured inter-node level's) with what the
-    transport reached of it as efficiency, when the rate is known and the link ran below it; else as measured."""
+    transport reached of it, when the rate is known and the link ran below it; else as measured. What it reached
+    is kept as an efficiency, or, given the TCP `streams` the measurement ran over, as the socket transport's
+    per-stream ceiling that gives the measured rate (costmodel.efficiency: 1 / rate = 1 / (streams x ceiling) +
+    1 / line rate), so that a run with more streams is predicted faster."""
     line = bytes_per_s(line_rate) if line_rate else None
     level = {"alpha_s": got["alpha_s"], "beta_s_per_byte": got["beta_s_per_byte"], "transport": "measured",
              "source": f"{note}; fit error by size {by_size(got)}"}
-    if line and 1 / line < got["beta_s_per_byte"]:
-        level |= {"beta_s_per_byte": 1 / line, "efficiency": (1 / line) / got["beta_s_per_byte"],
-                  "source": f"{level['source']}; line rate {line_rate}, of which the transport reached the efficiency"}
-    return level
+    if not line or 1 / line >= got["beta_s_per_byte"]:
+        return level
+    level |= {"beta_s_per_byte": 1 / line, "source": f"{level['source']}; line rate {line_rate}"}
+    if streams:
+        ceiling = 1 / (streams * (got["beta_s_per_byte"] - 1 / line))
+        return level | {"transport": "socket", "streams": streams, "socket_Bps": ceiling,
+                        "source": f"{level['source']}, of which {streams} TCP stream(s) reached the measured rate: "
+                                  f"{ceiling / 1e9:.3g} GB/s each at most"}
+    return level | {"efficiency": (1 / line) / got["beta_s_per_byte"],
+                    "source": f"{level['source']}, of which the transport reached the efficiency"}
 
 
-def from_measurements(m: dict, out: str | None, label: str | None, line_rate: str | None = None) -> tuple:
+def from_measurements(m: dict, out: str | None, label: str | None, line_rate: str | None = None,
+                      streams: int = 0) -> tuple:
     """(name, YAML text) of a cluster file from calibrate's measurements `m`; `out`: the file's path (its stem
     names the cluster), `label`: the link's name (else the job's, as runs record it); `line_rate`: the inter-node
-    link's rate, for its efficiency (else the label's, where the label is a rate)."""
+    link's rate, for its efficiency (else the label's, where the label is a rate); `streams`: the TCP streams the
+    inter-node measurement ran over, to keep what the link reached as a socket ceiling (0: as an efficiency)."""
     link = label or m["link"]
     line_rate = line_rate or (link if bytes_per_s(link) else None)
     name = Path(out).stem if out else file_name(f"calibrated_{m['nodes']}x{m['ranks_per_node']}_{link}")
@@ -108,7 +119,8 @@ def from_measurements(m: dict, out: str | None, label: str | None, line_rate: st
         got = m.get(level) or m.get("intra") or m.get("inter")
         note = how if level in m else f"not measured (no second {'rank on a node' if level == 'intra' else 'node'}"\
             f"): the other level's values"
-        levels[level] = inter_level(got, line_rate if level == "inter" and "inter" in m else None, note)
+        inter = level == "inter" and "inter" in m
+        levels[level] = inter_level(got, line_rate if inter else None, note, streams if inter else 0)
     body = {"name": name, "nodes": m["nodes"], "ranks_per_node": m["ranks_per_node"], "link": link,
             "backend": m["backend"], **levels,
             "add_s_per_byte": m["add_s_per_byte"], "encode_s_per_byte": m["encode_s_per_byte"],
@@ -117,9 +129,9 @@ def from_measurements(m: dict, out: str | None, label: str | None, line_rate: st
     return name, f"# {how}\n" + OmegaConf.to_yaml(OmegaConf.create(body))
 
 
-def write(m: dict, out: str | None, label: str | None, line_rate: str | None = None) -> None:
+def write(m: dict, out: str | None, label: str | None, line_rate: str | None = None, streams: int = 0) -> None:
     """The cluster file of calibrate's measurements, into `out` or conf/cluster/, and what was measured."""
-    name, text = from_measurements(m, out, label, line_rate)
+    name, text = from_measurements(m, out, label, line_rate, streams)
     path = Path(out) if out else path_of(name)
     path.parent.mkdir(parents=True, exist_ok=True)  # out='s (the user's) or conf/cluster/
     records.write_file(path, text)  # never through a symlink at its name

@@ -17,7 +17,8 @@ import math
 from collections import Counter
 
 from ringexp.cluster import costmodel
-from ringexp.config import NCCL_CHOICES
+from ringexp.cluster.schema import SOCKET_CHANNELS
+from ringexp.config import NCCL_CHOICES, NCCL_COUNTS
 
 ALGOS, PROTOS = NCCL_CHOICES["NCCL_ALGO"], NCCL_CHOICES["NCCL_PROTO"]  # NCCL's names (what NCCL_ALGO/PROTO take)
 COLLS = ("allreduce", "allgather", "reducescatter")
@@ -43,6 +44,20 @@ NET_OVERHEAD_US = 1.0  # per ring step on more than one node, x3 for Simple (tun
 CHANNELS = 16  # ring channels for the plateau rule's bytes per channel (a ring graph has at most 16: init.cc:897)
 
 chosen = contextvars.ContextVar("nccl_chosen", default=None)  # [(coll, algo, proto)] while `recording`
+
+
+def socket_streams(env: dict, streams: int) -> int:
+    """The TCP streams NCCL runs each way over a node's link with a run's `env` (its channels times every
+    connection's sockets), or the cluster's `streams` where env sets none of NCCL's counts. Channels: 2 per NIC
+    (schema.SOCKET_CHANNELS), at least NCCL_MIN_NCHANNELS, at most NCCL_MAX_NCHANNELS (src/graph/connect.cc
+    copyChannels); sockets: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, where a variable not set takes NCCL's
+    automatic value (no helper thread, one socket per thread: then the connection's own socket carries the data;
+    src/transport/net_socket.cc ncclNetSocketGetNsockNthread)."""
+    if not any(k in env for k in NCCL_COUNTS):
+        return streams
+    channels = max(SOCKET_CHANNELS, int(env.get("NCCL_MIN_NCHANNELS", 0)))
+    channels = min(channels, int(env.get("NCCL_MAX_NCHANNELS", channels)))
+    return channels * max(1, int(env.get("NCCL_SOCKET_NTHREADS", 0)) * int(env.get("NCCL_NSOCKS_PERTHREAD", 1)))
 
 
 @contextlib.contextmanager

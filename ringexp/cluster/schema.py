@@ -5,21 +5,40 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-from ringexp.config import nccl_list_error, need
+from ringexp.config import NCCL_MAX, nccl_list_error, need
 
 # The share of line rate each transport reaches, as NCCL's large-message bus bandwidth against the datasheet's
 # one-way figure (a cluster level's `transport`, unless it gives its own `efficiency`; docs/plan.md):
 # - nvlink 0.80: A100 ~230 of 300 GB/s (NVIDIA/nccl-tests#149, NVIDIA's reply), H100 370 of 450 (nccl-tests#212);
 # - pcie 0.44: 8 GPUs on PCIe 5.0, 28 of 64 GB/s (NVIDIA/nccl#1639; PCIe systems are bound by CPU and memory);
 # - rdma 0.94: DGX-1 rings, 47 of 50 GB/s on 4 x 100 Gb InfiniBand (NVIDIA/nccl#307, NVIDIA's reply; one EDR NIC:
-#   12.2 of 12.5, nccl-tests#29);
-# - socket 0.5: NCCL over TCP at 100 Gbit/s, 4-6 of 12.5 GB/s (NVIDIA/nccl#450); 25 Gbit/s, 1.7 of 3.1
-#   (nccl-tests#83); with 8 rings at 32 Gbit/s it reached 0.94 (nccl#209): sockets vary most;
+#   12.2 of 12.5, nccl-tests#29; HDR 24 of 25 per NIC, nccl#412; NDR 46-48 of 50, nccl-tests#290);
+# - socket: no fixed share; its TCP streams' (SOCKET_BPS below, socket_share);
 # - measured 1.0: a level whose beta calibrate measured already has it.
-EFFICIENCY = {"measured": 1.0, "nvlink": 0.80, "pcie": 0.44, "rdma": 0.94, "socket": 0.50}
+EFFICIENCY = {"measured": 1.0, "nvlink": 0.80, "pcie": 0.44, "rdma": 0.94, "socket": None}
 # How a level's bytes travel (a cluster file's `transport`): each has its documented share of line rate above;
 # "measured" is a level whose beta calibrate measured, so it already includes it.
 TRANSPORTS = tuple(EFFICIENCY)
+# NCCL over TCP: a node's link carries `streams` TCP streams each way, NCCL's channels (2 per NIC by default:
+# src/graph/connect.cc:459-460 doubles the rings the search finds, nccl-tests#108 "2 channels as default") times
+# each connection's sockets (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD; by default no helper thread, so one
+# socket, the connection's own: src/transport/net_socket.cc ncclNetSocketGetNsockNthread). Each stream moves at
+# most SOCKET_BPS, and a byte pays the stream's time and the wire's one after the other:
+#   1 / bandwidth = 1 / (streams x SOCKET_BPS) + 1 / line rate.
+# SOCKET_BPS 4.5 GB/s: the least worst error over NCCL 2.3.7's rings on GCP at 32 Gbit/s (nccl#209: 2.06, 2.77,
+# 3.28, 3.75 GB/s with 1, 2, 4, 8 rings, one socket each; this rule gives 2.12, 2.77, 3.27, 3.60), and near iperf3
+# on 100 Gbit/s (nccl#450: 42, 72, 87 Gbit/s with 2, 4, 8 flows; the rule 42, 59, 74). NCCL's own runs at 100
+# Gbit/s with 4-32 streams reached 4-6 GB/s (nccl#450, nccl#398), below the rule's 7-11: there the slowest of
+# many sockets sets the pace (nccl-tests#83: NCCL's rate is the slowest socket's times their number), which the
+# rule leaves out.
+SOCKET_BPS = 4.5e9
+SOCKET_CHANNELS = 2  # NCCL's channels over one NIC by default (above)
+# How much slower a GPU's compute runs while NCCL's kernels run beside it (they take SMs, and 2-3x their rate of
+# memory bandwidth: NVIDIA/nccl#689, #1428): Lee et al., "Characterizing Compute-Communication Overlap in
+# GPU-Accelerated Distributed Deep Learning", arXiv:2507.03114 (A100 and H100, GPT and LLaMA training): "an
+# average computational slowdown of 18.9%, with a maximum of 40.0%". No figure for Volta was found; it takes the
+# same. A CPU cluster's calibrated compute_slowdown already holds its communication's share of the cores (0 here).
+OVERLAP_SLOWDOWN = {"volta": 0.189, "ampere": 0.189, "hopper": 0.189}
 GPU_ARCHS = ("volta", "ampere", "hopper")  # NCCL's low-latency protocols' bandwidth caps differ by generation
 
 
@@ -40,6 +59,8 @@ class LinkConfig:
     source: str = ""  # where the two numbers come from
     transport: str = "measured"  # one of TRANSPORTS
     efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the transport's default)
+    streams: int = 0  # socket: TCP streams each way over a node's link (0: NCCL's default, SOCKET_CHANNELS x 1)
+    socket_Bps: Optional[float] = None  # socket: one stream's ceiling, bytes/s (null: SOCKET_BPS)
 
 
 @dataclass
@@ -56,6 +77,8 @@ class ClusterConfig:
     encode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte, by compressor
     decode_s_per_byte: Dict[str, float] = field(default_factory=dict)  # per float32 byte (decode and add)
     compute_slowdown: float = 1.0  # a rank's compute with every rank computing at once / alone (shared CPU cores)
+    overlap_slowdown: Optional[float] = None  # nccl: compute's slowdown while communication runs beside it (null:
+    # OVERLAP_SLOWDOWN of gpu_arch; gloo: 0)
     cpu_threads: int = 0  # a CPU rank's intra-op threads when calibrated (0: cores here / ranks per node)
     call_s: float = 0.0  # per collective call beyond its alpha-beta time: launch and dispatch (calibrate measures)
     bucket_s: float = 0.0  # per DDP bucket, on the training thread: the reducer's hook, copies and launch
@@ -85,6 +108,11 @@ class ClusterConfig:
                  f"choose one of {', '.join(TRANSPORTS)}")
             need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
                  "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
+            most = NCCL_MAX["NCCL_MAX_NCHANNELS"] * NCCL_MAX["sockets"]
+            need(0 <= link.streams <= most, f"cluster.{level}.streams", link.streams,
+                 f"must be in [0, {most}] (NCCL's channels x sockets per connection; 0: NCCL's default)")
+            need(link.socket_Bps is None or 1e3 <= link.socket_Bps <= 1e12, f"cluster.{level}.socket_Bps",
+                 link.socket_Bps, "must be a finite number of bytes per second in [1e3, 1e12] (null: SOCKET_BPS)")
         costs = {"add_s_per_byte": self.add_s_per_byte} | {
             f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
             for name, v in getattr(self, f"{kind}_s_per_byte").items()}
@@ -92,6 +120,8 @@ class ClusterConfig:
             need(0 <= v <= 1, f"cluster.{key}", v, "must be >= 0 and at most 1 second per float32 byte")
         need(0 < self.compute_slowdown <= 1000, "cluster.compute_slowdown", self.compute_slowdown,
              "must be > 0 and at most 1000")
+        need(self.overlap_slowdown is None or 0 <= self.overlap_slowdown <= 10, "cluster.overlap_slowdown",
+             self.overlap_slowdown, "must be in [0, 10] (null: the GPU generation's)")
         need(0 <= self.cpu_threads <= 4096, "cluster.cpu_threads", self.cpu_threads,
              "must be in [0, 4096] (0: cores / ranks)")
         for key in ("call_s", "bucket_s"):

@@ -92,7 +92,8 @@ class DDPStrategy(Strategy):
         ready = [compute["backward_s"] * n / (produced[-1] or 1) for n in produced]  # (no buckets: none ready)
         _, exposed = costmodel.overlap(ready, comm_s, compute["backward_s"])
         # the reducer's work per bucket runs on the training thread, so nothing hides it
-        return costmodel.step(sum(comm_s), exposed + len(buckets) * cl.bucket_s, compute, cfg.accumulation.steps)
+        lost = costmodel.slowed(cl, sum(comm_s), exposed) + len(buckets) * cl.bucket_s
+        return costmodel.step(sum(comm_s), lost, compute, cfg.accumulation.steps)
 
     def state_dict(self):
         """ringexp's compressor (residuals, DGC momentum, step counts) or PyTorch's PowerSGD (error feedback and

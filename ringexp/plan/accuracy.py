@@ -13,7 +13,7 @@ import torch
 from ringexp import compress, records
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
-from ringexp.plan import published, scoring
+from ringexp.plan import heldout, published, rules, scoring
 from ringexp.plan.config import PlanConfig
 from ringexp.plotting import pyplot, save, short
 
@@ -30,16 +30,21 @@ def accuracy(pc: PlanConfig, train: list = ()) -> None:
                           "or cases=[PATH,...] (published cases: ringexp/plan/published.yaml)")
     # every prediction made (a case's run refused, naming it) before anything is written
     cases = [case(pc, path, r) for path, r in rows]
-    got = [r for path, clusters, found in loaded for c in found for r in scoring.predicted(path, clusters, c)]
+    combinations = rules.combinations()
+    changes = tuple(rules.change(c) for c in combinations)
+    each = [scoring.predicted(path, clusters, c, changes) for path, clusters, found in loaded for c in found]
+    by_combination = [(c, [r for case in each for r in case[i]]) for i, c in enumerate(combinations)]
     text = bench_report(pc, cases) if rows else ""
     if loaded:
-        text += ("\n" if text else "") + published_report(pc, got)
+        text += ("\n" if text else "") + published_report(pc, by_combination)
     print(text, end="")
 
 
-def published_report(pc: PlanConfig, got: list) -> str:
-    """The published cases' table (`got`: their runs as scoring.predicted gives them), their ratios and the
-    summary (and accuracy-published.md/json under `out`)."""
+def published_report(pc: PlanConfig, by_combination: list) -> str:
+    """The published cases' table in sample (the model's own rules: `by_combination`'s first, the runs as
+    scoring.predicted gives them), their ratios and the summary, then leave-one-source-out's (heldout.py), the
+    headline (and accuracy-published.md/json under `out`)."""
+    got = by_combination[0][1]
     rats = scoring.ratios(got)
     lines = ["# Published cases against the cost model", "",
              "| case | run | measured | predicted | error | NCCL's choice (model) |", "|" + "---|" * 6]
@@ -49,12 +54,15 @@ def published_report(pc: PlanConfig, got: list) -> str:
     lines += ["", "| case | variant / baseline | measured ratio | predicted ratio | direction |", "|" + "---|" * 5]
     lines += [f"| {r['case']} | {r['run']} / {r['baseline']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
               f"{'right' if r['right'] else 'WRONG'} |" for r in rats]
-    text = "\n".join(lines + ["", scoring.summary(got, rats)]) + "\n"
+    text = "\n".join(lines + ["", "In sample: " + scoring.summary(got, rats), "", *heldout.report(by_combination)])
+    text += "\n"
     if pc.out:
         Path(pc.out).mkdir(parents=True, exist_ok=True)  # the user's directory; what goes in it never through a link
         records.write_file(Path(pc.out, "accuracy-published.md"), text)
         records.write_file(Path(pc.out, "accuracy-published.json"),
-                           json.dumps({"runs": got, "ratios": rats}, indent=1) + "\n")
+                           json.dumps({"runs": got, "ratios": rats, "held_out": {
+                               s: {"rules": c, "runs": r} for s, (c, r) in heldout.held_out(by_combination).items()}},
+                               indent=1) + "\n")
     return text
 
 

@@ -14,6 +14,8 @@ import torch.distributed as dist
 
 from ringexp import dist as rdist
 from ringexp.cluster import files as clusters
+from ringexp.cluster import nccl
+from ringexp.cluster.schema import SOCKET_CHANNELS
 from ringexp.errors import ConfigError
 from ringexp.launch import elastic, under_external_launcher
 from ringexp.plan import host
@@ -86,4 +88,12 @@ def calibrate(cfg: PlanConfig, train: list = ()) -> None:
         m = calibrate_worker(cfg)
     else:
         m = elastic(calibrate_worker, cfg.nprocs, cfg)[0]
-    clusters.write(m, cfg.out, cfg.label, cfg.line_rate)
+    clusters.write(m, cfg.out, cfg.label, cfg.line_rate, streams(cfg, m["backend"]))
+
+
+def streams(cfg: PlanConfig, backend: str) -> int:
+    """The TCP streams the inter-node exchange ran over, where `transport=socket` asks for the link as sockets
+    (0 otherwise): gloo's one connection per pair of ranks; NCCL's channels x sockets (its variables here)."""
+    if cfg.transport != "socket":
+        return 0
+    return nccl.socket_streams(dict(os.environ), SOCKET_CHANNELS) if backend == "nccl" else 1

@@ -34,6 +34,8 @@ class PlanConfig:
     cases: List[str] = field(default_factory=list)  # accuracy: published-cases YAML files (ringexp/plan/published.yaml)
     line_rate: Optional[str] = None  # calibrate: the inter-node link's line rate (tc's units: 25mbit, 100gbit), so
     # that the file keeps it as beta and what the transport reaches of it as efficiency (null: the label's, if a rate)
+    transport: str = "measured"  # calibrate: "socket" keeps what the link reached below line_rate as the socket
+    # transport's per-stream ceiling (cluster.inter.socket_Bps) instead of an efficiency
 
     def __post_init__(self):
         need(self.nodes is None or self.nodes >= 1, "nodes", self.nodes, "must be >= 1")
@@ -47,6 +49,7 @@ class PlanConfig:
              quality.margin_error(self.quality_budget))
         need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
              "give a rate as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
+        need(self.transport in ("measured", "socket"), "transport", self.transport, "choose measured or socket")
         need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
         need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",
              "need >= 1 round and sizes >= 4 bytes")

@@ -9,12 +9,15 @@ The file, in short (ringexp/plan/published.yaml is the shipped one):
 
     clusters: {NAME: a conf/cluster mapping (ClusterConfig)}
     cases:
-      - name, source, cluster: NAME, model: timm name (or params: count), batch: per GPU
+      - name, study, source, cluster: NAME, model: timm name (or params: count), batch: per GPU
         compute: {step_s, source}: one GPU's forward, backward and optimizer step at that batch
-        train: [training overrides], env: {NCCL_ALGO: ..., NCCL_PROTO: ...}  (both optional)
+        train: [training overrides], env: {NCCL_ALGO, NCCL_PROTO, NCCL_SOCKET_NTHREADS, ...}  (both optional)
         runs: [{name, nodes, ranks_per_node, step_s or samples_s, source, train, baseline, input}]
 
-`input: true` marks the run the compute was taken from: predicted exactly by construction, so not scored. Every
+`study` names the publication a case is from: leave-one-source-out (heldout.py) holds a study's cases out
+together (a file of one study is scored in sample only), so a case's `source`, the quote its numbers come from,
+cannot be a case's of another cluster as well (one quote is of one cluster's table). `input: true` marks the run
+the compute was taken from: predicted exactly by construction, so not scored. Every
 field is checked for its kind and range before anything is built (params at most 10^12, a step at most a day,
 train a list of overrides, a model timm knows); a run whose configuration Hydra or ringexp refuses is named with
 the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`."""
@@ -26,14 +29,16 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import records
 from ringexp.cluster.schema import ClusterConfig
-from ringexp.config import NCCL_CHOICES, nccl_list_error
+from ringexp.config import NCCL_CHOICES, NCCL_COUNTS, nccl_count_error, nccl_list_error, nccl_sockets_error
 from ringexp.errors import ConfigError, one_line
 from ringexp.models import check_model
 from ringexp.plotting import short
 from ringexp.records import yaml_text
 
-CASE_KEYS = {"name": str, "source": str, "cluster": str, "batch": int, "compute": dict, "runs": list}
+CASE_KEYS = {"name": str, "study": str, "source": str, "cluster": str, "batch": int, "compute": dict, "runs": list}
 RUN_KEYS = {"name": str, "nodes": int, "ranks_per_node": int, "source": str}
+# the NCCL variables a case may set: what the model reads of a run's backend.env (NCCL's choice; its sockets)
+MODEL_ENV = ("NCCL_ALGO", "NCCL_PROTO", *NCCL_COUNTS)
 MEASURES = ("step_s", "samples_s")  # what a run's measurement may be: seconds per optimizer step, or throughput
 # The ranges of a case's numbers, checked before anything is built: `params` is split into shapes of 4M (scoring,
 # one entry each, and every run's cost walks them: 10^12 takes seconds a run, 10^15 took 5 GB before failing);
@@ -59,7 +64,20 @@ def load(path: str) -> tuple:
         raise ConfigError(f"cases={path}: needs a `clusters` mapping and a non-empty `cases` list")
     clusters = {name: cluster(path, name, c) for name, c in doc["clusters"].items()}
     cases = [checked(path, i, c, clusters) for i, c in enumerate(doc["cases"])]
+    studies(path, cases)
     return clusters, cases
+
+
+def studies(path: str, cases: list) -> None:
+    """A study per publication: no quote (a case's `source`) shared by cases of different clusters, which would
+    make one publication of two (leave-one-source-out holds a study's cases out together)."""
+    seen = {}
+    for i, c in enumerate(cases):
+        other = seen.setdefault(c["source"], c)
+        if other["cluster"] != c["cluster"]:
+            refuser(path, i, c)("source", f"the same as case {described(other['name'])}'s, on cluster "
+                                f"{described(other['cluster'])}: a quote is of one cluster's results; quote this "
+                                "case's own and name its publication in `study`")
 
 
 def cluster(path: str, name: str, body) -> ClusterConfig:
@@ -96,17 +114,24 @@ def checked(path: str, i: int, case, clusters: dict) -> dict:
     if not case["compute"].get("source"):
         wrong("compute.source", "every number needs its source")
     overrides(case, "train", wrong)
-    if not isinstance(case.get("env") or {}, dict):
-        wrong("env", f"{described(case['env'])} is not a mapping of NCCL_ALGO and NCCL_PROTO")
-    for key, value in (case.get("env") or {}).items():
-        if key not in NCCL_CHOICES or key == "NCCL_DEBUG":
-            wrong(f"env.{short(key)}", "only NCCL_ALGO and NCCL_PROTO restrict the model")
-        if bad := nccl_list_error(key, str(value)):
-            wrong(f"env.{key}", f"{short(value)}: {bad}")
+    env(case, wrong)
     names = [r.get("name") for r in case["runs"] if isinstance(r, dict)]
     for j, run in enumerate(case["runs"]):
         check_run(run, j, names, wrong)
     return case
+
+
+def env(case: dict, wrong) -> None:
+    """The NCCL variables the model reads (MODEL_ENV), each of a value NCCL takes."""
+    if not isinstance(case.get("env") or {}, dict):
+        wrong("env", f"{described(case['env'])} is not a mapping of {', '.join(MODEL_ENV)}")
+    for key, value in (case.get("env") or {}).items():
+        if key not in MODEL_ENV:
+            wrong(f"env.{short(key)}", f"only {', '.join(MODEL_ENV)} change the model")
+        if bad := nccl_list_error(key, str(value)) if key in NCCL_CHOICES else nccl_count_error(key, str(value)):
+            wrong(f"env.{key}", f"{short(value)}: {bad}")
+    if bad := nccl_sockets_error(case.get("env") or {}):
+        wrong("env.NCCL_SOCKET_NTHREADS", f"{case['env'].get('NCCL_SOCKET_NTHREADS')} {bad}")
 
 
 def model(case: dict, wrong) -> None:

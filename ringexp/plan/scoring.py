@@ -4,7 +4,9 @@ config) beside its measurement, each run naming a `baseline` as a ratio (did the
 faster), and the summary of both. A run whose configuration Hydra or ringexp refuses is named with the field: one
 line, `cases=FILE: case NAME: run NAME: FIELD: WHY`."""
 
+import contextlib
 import dataclasses
+import functools
 import statistics
 
 import torch
@@ -15,6 +17,7 @@ from ringexp import parallel
 from ringexp.config import ModelConfig
 from ringexp.errors import ConfigError, one_line
 from ringexp.models import build_model
+from ringexp.plan import rules
 from ringexp.plan.published import refuser
 from ringexp.plotting import short
 from ringexp.validate import compose_config
@@ -31,39 +34,56 @@ def shapes_of(case: dict) -> list:
     return [torch.Size([piece])] * (n // piece) + ([torch.Size([n % piece])] if n % piece else [])
 
 
-def predicted(path: str, clusters: dict, case: dict) -> list:
-    """Every run of `case` (of the file `path`) beside the model's prediction: [{case, run, measured, predicted,
-    error, unit, ...}]; ConfigError naming the file, the case, the run and its field where a run's configuration
-    is refused (an unknown preset or key in `train`, a shape the cluster cannot have)."""
+def predicted(path: str, clusters: dict, case: dict, changes: tuple = (rules.same,)) -> list:
+    """Every run of `case` (of the file `path`) beside the model's prediction, once per change of its cluster in
+    `changes` (rules.py: the alternatives of the rules chosen on the cases): [[{case, study, run, measured,
+    predicted, error, unit, ...}] per change], each run's configuration composed once. ConfigError naming the
+    file, the case, the run and its field where one is refused (an unknown preset or key in `train`, a shape the
+    cluster cannot have)."""
     shapes = shapes_of(case)
     step = case["compute"]["step_s"]  # forward : backward = 1 : 2, as compare splits a run's compute
     compute = {"forward_s": step / 3, "backward_s": 2 * step / 3, "optimizer_s": 0.0}
-    out = []
+    out = [[] for _ in changes]
     for run in case["runs"]:
-        got = run_cost(path, clusters, case, run, shapes, compute)
-        unit = "step_s" if "step_s" in run else "samples_s"
-        out.append({"case": case["name"], "run": run["name"], "unit": unit, "measured": run[unit],
-                    "predicted": got[unit], "error": got[unit] / run[unit] - 1, "input": bool(run.get("input")),
-                    "baseline": run.get("baseline"), "chosen": got.get("nccl", ""), "source": run["source"]})
+        cl = shape(path, clusters, case, run)
+        with refusing(path, case, run):
+            cfg = composed(case, run)
+            for rows, change in zip(out, changes, strict=True):
+                rows.append(row(case, run, parallel.step_cost(change(cl), cfg, shapes, compute)))
     return out
 
 
-def run_cost(path: str, clusters: dict, case: dict, run: dict, shapes: list, compute: dict) -> dict:
-    """parallel.step_cost of one run: its shape of the case's cluster, its training config (the case's env and
-    train, then the run's own train); ConfigError `cases=FILE: case NAME: run NAME: FIELD: WHY` where refused."""
-    wrong = refuser(path, 0, case)
-    label = f"run {ascii(short(run['name']))}"
+def row(case: dict, run: dict, got: dict) -> dict:
+    unit = "step_s" if "step_s" in run else "samples_s"
+    return {"case": case["name"], "study": case["study"], "run": run["name"], "unit": unit, "measured": run[unit],
+            "predicted": got[unit], "error": got[unit] / run[unit] - 1, "input": bool(run.get("input")),
+            "baseline": run.get("baseline"), "chosen": got.get("nccl", ""), "source": run["source"]}
+
+
+def shape(path: str, clusters: dict, case: dict, run: dict):
+    """The run's shape of the case's cluster; ConfigError `cases=FILE: case NAME: run NAME: nodes,
+    ranks_per_node: WHY` where the cluster cannot have it."""
     try:
-        cl = dataclasses.replace(clusters[case["cluster"]], nodes=run["nodes"], ranks_per_node=run["ranks_per_node"])
+        return dataclasses.replace(clusters[case["cluster"]], nodes=run["nodes"], ranks_per_node=run["ranks_per_node"])
     except ConfigError as e:
-        wrong(f"{label}: nodes, ranks_per_node", str(e))
+        refuser(path, 0, case)(f"run {ascii(short(run['name']))}: nodes, ranks_per_node", str(e))
+
+
+@contextlib.contextmanager
+def refusing(path: str, case: dict, run: dict):
+    """A run whose configuration Hydra or ringexp refuses, as ConfigError `cases=FILE: case NAME: run NAME:
+    train: WHY` (the run's train where the case's composes without it, else the case's)."""
     try:
-        return parallel.step_cost(cl, composed(case, run), shapes, compute)
+        yield
     except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
-        cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
-        # the run's own overrides are named where the case's compose without them (asked only once refused)
-        field = f"{label}: train" if run.get("train") and composes(case, dict(run, train=[])) else "train"
-        wrong(field, short(one_line(str(e)) + cause, 400))
+        refused(refuser(path, 0, case), f"run {ascii(short(run['name']))}", case, run, e)
+
+
+def refused(wrong, label: str, case: dict, run: dict, e: Exception) -> None:
+    cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+    # the run's own overrides are named where the case's compose without them (asked only once refused)
+    field = f"{label}: train" if run.get("train") and composes(case, dict(run, train=[])) else "train"
+    wrong(field, short(one_line(str(e)) + cause, 400))
 
 
 def composed(case: dict, run: dict):
@@ -71,7 +91,14 @@ def composed(case: dict, run: dict):
     env = [f"+backend.env.{k}={v}" for k, v in (case.get("env") or {}).items()]
     train = [*env, *case.get("train", []), *run.get("train", [])]
     default = [] if any(a.startswith("+parallel=") for a in train) else ["+parallel=ddp"]
-    return compose_config([*default, f"data.batch_size={case['batch']}", *train], run["nodes"])
+    return composed_once((*default, f"data.batch_size={case['batch']}", *train), run["nodes"])
+
+
+@functools.lru_cache(maxsize=256)
+def composed_once(args: tuple, nodes: int):
+    """compose_config, once for each set of overrides (Hydra's compose takes 0.2 s; a case's runs at one node
+    count and setting share one; nothing downstream changes the config)."""
+    return compose_config(list(args), nodes)
 
 
 def composes(case: dict, run: dict) -> bool:

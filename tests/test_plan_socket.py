@@ -1,0 +1,128 @@
+"""The planner's socket transport from its mechanism (streams x a per-stream ceiling, NCCL's channels and socket
+variables), compute slowed beside communication on GPUs, calibrate's socket fit, and their bad input."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT, plan_refusal
+
+from ringexp import parallel
+from ringexp.cluster import costmodel, nccl
+from ringexp.cluster import files as clusters
+from ringexp.cluster.schema import OVERLAP_SLOWDOWN, ClusterConfig, LinkConfig
+from ringexp.errors import ConfigError
+from ringexp.validate import compose_config
+
+
+def socket(gbit: float, **kw) -> LinkConfig:
+    return LinkConfig(1.4e-5, 8 / (gbit * 1e9), transport="socket", **kw)
+
+
+def test_a_socket_link_reaches_less_of_a_faster_line():
+    """Two streams (NCCL's two channels, one socket each) fill a 1 Gbit/s link but not a 100 Gbit/s one."""
+    shares = [costmodel.efficiency(socket(g)) for g in (1, 10, 25, 100)]
+    assert shares == sorted(shares, reverse=True)
+    assert shares[0] > 0.98 and 0.3 < shares[-1] < 0.45  # nccl#450: 4-6 of 12.5 GB/s with 4 streams
+
+
+def test_the_ceiling_reproduces_nccl_s_rings_over_tcp_at_32_gbit():
+    """NVIDIA/nccl#209 (NCCL 2.3.7, GCP, 32 Gbit/s): 2.06, 2.77, 3.28, 3.75 GB/s with 1, 2, 4, 8 rings (one
+    socket each), each within 5% of the rule's."""
+    for streams, measured in ((1, 2.06e9), (2, 2.77e9), (4, 3.28e9), (8, 3.75e9)):
+        got = 1 / costmodel.beta(socket(32, streams=streams))
+        assert got == pytest.approx(measured, rel=0.05), streams
+
+
+@pytest.mark.parametrize("env, streams", [
+    ({}, 0), ({"NCCL_SOCKET_NTHREADS": "4"}, 8), ({"NCCL_SOCKET_NTHREADS": "2", "NCCL_NSOCKS_PERTHREAD": "8"}, 32),
+    ({"NCCL_NSOCKS_PERTHREAD": "4"}, 2), ({"NCCL_MIN_NCHANNELS": "4"}, 4), ({"NCCL_MAX_NCHANNELS": "1"}, 1)])
+def test_nccl_s_socket_variables_set_the_streams_as_nccl_counts_them(env, streams):
+    """Channels (2, at least MIN, at most MAX) x sockets per connection (threads x sockets per thread, where no
+    helper thread means the connection's own socket: NSOCKS_PERTHREAD alone adds none); no variable: the file's."""
+    assert nccl.socket_streams(env, 0) == streams
+
+
+def tcp_cluster(gbit: float) -> ClusterConfig:
+    return ClusterConfig(name="tcp", nodes=2, ranks_per_node=1, gpu_arch="volta", inter=socket(gbit),
+                         intra=LinkConfig(3.4e-6, 1e-11, transport="nvlink"))
+
+
+def test_a_run_with_more_sockets_is_predicted_faster_on_a_fast_tcp_link():
+    shapes = [torch.Size([4096, 4096])] * 8  # 512 MB of gradients
+    compute = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.0}
+    cl = tcp_cluster(100)
+    base = parallel.step_cost(cl, compose_config(["+parallel=ddp"], 2), shapes, compute)
+    more = parallel.step_cost(cl, compose_config(["+parallel=ddp", "+backend.env.NCCL_SOCKET_NTHREADS=4",
+                                                  "+backend.env.NCCL_NSOCKS_PERTHREAD=2"], 2), shapes, compute)
+    assert more["comm_s"] < 0.5 * base["comm_s"]
+    slow = parallel.step_cost(tcp_cluster(1), compose_config(["+parallel=ddp", "+backend.env.NCCL_SOCKET_NTHREADS=4"],
+                                                             2), shapes, compute)
+    plain = parallel.step_cost(tcp_cluster(1), compose_config(["+parallel=ddp"], 2), shapes, compute)
+    assert slow["comm_s"] == pytest.approx(plain["comm_s"], rel=0.03)  # a slow line is the limit either way
+
+
+def test_compute_beside_communication_is_slowed_on_gpus_only():
+    """DDP on NCCL: backward lasts the GPU generation's factor x the communication beside it longer (hiding as
+    much more of what was exposed); on gloo, and with overlap_slowdown 0, the step is compute plus exposure."""
+    shapes = [torch.Size([1024, 1024])] * 25  # 100 MB in 1 MB buckets: all but the last hidden in backward
+    compute = {"forward_s": 1.0, "backward_s": 2.0, "optimizer_s": 0.0}
+    cfg = compose_config(["+parallel=ddp", "parallel.bucket_cap_mb=1"], 1)
+    gpu = ClusterConfig(name="g", nodes=1, ranks_per_node=8, gpu_arch="volta",
+                        intra=LinkConfig(3.4e-6, 1e-10, transport="nvlink"))
+    got = parallel.step_cost(gpu, cfg, shapes, compute)
+    plain = parallel.step_cost(dataclasses.replace(gpu, overlap_slowdown=0.0), cfg, shapes, compute)
+    hidden = plain["comm_s"] - plain["exposed_s"]
+    assert got["step_s"] - plain["step_s"] == pytest.approx(
+        max(0.0, OVERLAP_SLOWDOWN["volta"] * hidden - plain["exposed_s"]), rel=1e-9, abs=1e-12)
+    assert plain["exposed_s"] < OVERLAP_SLOWDOWN["volta"] * hidden and got["step_s"] > plain["step_s"]
+    cpu = dataclasses.replace(gpu, backend="gloo")
+    assert costmodel.overlap_slowdown(cpu) == 0.0
+
+
+def test_calibrate_keeps_a_slow_socket_link_as_its_streams_ceiling():
+    """transport=socket: the measured rate below line rate is kept as the per-stream ceiling that gives it, so
+    the level predicts what was measured, and more streams predict more."""
+    got = {"alpha_s": 1e-4, "beta_s_per_byte": 8 / 20e6, "errors": [0.0], "points": [[4096, 1e-3]]}
+    level = clusters.inter_level(got, "25mbit", "measured", streams=1)
+    assert level["transport"] == "socket" and level["streams"] == 1 and level["beta_s_per_byte"] == 8 / 25e6
+    link = LinkConfig(**{k: level[k] for k in ("alpha_s", "beta_s_per_byte", "transport", "streams", "socket_Bps")})
+    assert costmodel.beta(link) == pytest.approx(8 / 20e6)
+    assert costmodel.beta(dataclasses.replace(link, streams=4)) == pytest.approx(1 / (4 * 12.5e6) + 8 / 25e6)
+    assert "socket_Bps" not in clusters.inter_level(got, "25mbit", "measured")  # an efficiency, as before
+
+
+@pytest.mark.parametrize("ceiling", [0.0, math.nan, math.inf])
+def test_a_socket_ceiling_of_zero_or_nan_is_refused_naming_it(ceiling):
+    with pytest.raises(ConfigError, match="cluster.inter.socket_Bps"):
+        ClusterConfig(inter=socket(10, socket_Bps=ceiling))
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"NCCL_SOCKET_NTHREADS": "17"}, "backend.env.NCCL_SOCKET_NTHREADS=17: must be an integer in [1, 16]"),
+    ({"NCCL_SOCKET_NTHREADS": "8", "NCCL_NSOCKS_PERTHREAD": "16"},
+     "backend.env.NCCL_SOCKET_NTHREADS=8: times NCCL_NSOCKS_PERTHREAD=16 is more than NCCL's 64"),
+    ({"NCCL_NSOCKS_PERTHREAD": "0"}, "backend.env.NCCL_NSOCKS_PERTHREAD=0: must be an integer in [1, 64]")])
+def test_socket_counts_out_of_nccl_s_range_are_refused(env, words):
+    with pytest.raises(ConfigError, match="^" + words.replace("[", r"\[").replace("]", r"\]")):
+        compose_config(["+parallel=ddp", *(f"+backend.env.{k}={v}" for k, v in env.items())], 1)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda doc: doc["clusters"]["dgx1_v100"]["inter"].update(transport="socket", socket_Bps=0),
+     "cluster dgx1_v100: cluster.inter.socket_Bps=0"),
+    (lambda doc: doc["cases"][0].update(env={"NCCL_SOCKET_NTHREADS": 32, "NCCL_NSOCKS_PERTHREAD": 4}),
+     "case ddp-bench resnet50: env.NCCL_SOCKET_NTHREADS: 32: must be an integer in [1, 16]"),
+    (lambda doc: doc["cases"][0].update(env={"NCCL_SOCKET_NTHREADS": 16, "NCCL_NSOCKS_PERTHREAD": 8}),
+     "case ddp-bench resnet50: env.NCCL_SOCKET_NTHREADS: 16 times NCCL_NSOCKS_PERTHREAD=8 is more than NCCL's 64"),
+], ids=["zero ceiling", "threads", "threads x sockets"])
+def test_a_cases_file_with_socket_settings_nccl_refuses_is_one_line(tmp_path, monkeypatch, capsys, change, words):
+    doc = yaml.safe_load(open(f"{ROOT}/ringexp/plan/published.yaml"))
+    doc["cases"] = [c for c in doc["cases"] if c["name"] in ("ddp-bench resnet50", "rn50v1.5 dgx-a100 tf32")]
+    change(doc)
+    path = tmp_path / "cases.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]"])
+    assert f"cases={path}: " in line and words in line, line
