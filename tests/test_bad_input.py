@@ -77,7 +77,7 @@ CASES = {
                                   "backend.env.NCCL_ALGO=Rign: 'Rign' is not one of NCCL's"),
     "an NCCL_PROTO NCCL refuses": (lambda f: ["+backend.env.NCCL_PROTO=LL256"], "'LL256' is not one of NCCL's"),
     "a socket count of 0": (lambda f: ["backend=nccl_sockets", "backend.env.NCCL_NSOCKS_PERTHREAD=0"],
-                            "NCCL_NSOCKS_PERTHREAD=0: must be an integer >= 1"),
+                            "NCCL_NSOCKS_PERTHREAD=0: must be an integer in [1, 64]"),
     "image folder missing": (lambda f: ["data=image_folder", f"data.root={f}/nope"], "image folder not found"),
     "image folder empty": (lambda f: ["data=image_folder", f"data.root={f}"], "holds no images"),
     "csv too short for a batch": (lambda f: ["data=image_folder", f"data.root={f}"],  # 24 images, batch 32

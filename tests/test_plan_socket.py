@@ -126,3 +126,8 @@ def test_a_cases_file_with_socket_settings_nccl_refuses_is_one_line(tmp_path, mo
     path.write_text(yaml.safe_dump(doc))
     line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]"])
     assert f"cases={path}: " in line and words in line, line
+
+
+def test_calibrate_s_transport_is_measured_or_socket(monkeypatch, capsys):
+    line = plan_refusal(monkeypatch, capsys, ["calibrate", "transport=tcp"])
+    assert "transport=tcp: choose measured or socket" in line, line
