@@ -44,9 +44,9 @@ def published_report(pc: PlanConfig, by_combination: list) -> str:
     """The published cases' table in sample (the model's own rules: `by_combination`'s first, the runs as
     scoring.predicted gives them), their ratios and the summary, then leave-one-source-out's (heldout.py), the
     headline (and accuracy-published.md/json under `out`)."""
-    got = by_combination[0][1]
+    got, held = by_combination[0][1], heldout.held_out(by_combination)
     rats = scoring.ratios(got)
-    lines = ["# Published cases against the cost model", "",
+    lines = ["# Published cases against the cost model", "", *([heldout.headline(held), ""] if held else []),
              "| case | run | measured | predicted | error | NCCL's choice (model) |", "|" + "---|" * 6]
     lines += [f"| {r['case']} | {r['run']} | {fmt(r['unit'], r['measured'])} | {fmt(r['unit'], r['predicted'])} | "
               f"{'(compute from it)' if r['input'] else format(r['error'], '+.1%')} | {r['chosen'] or '-'} |"
@@ -54,14 +54,14 @@ def published_report(pc: PlanConfig, by_combination: list) -> str:
     lines += ["", "| case | variant / baseline | measured ratio | predicted ratio | direction |", "|" + "---|" * 5]
     lines += [f"| {r['case']} | {r['run']} / {r['baseline']} | {r['measured']:.3f} | {r['predicted']:.3f} | "
               f"{'right' if r['right'] else 'WRONG'} |" for r in rats]
-    text = "\n".join(lines + ["", "In sample: " + scoring.summary(got, rats), "", *heldout.report(by_combination)])
+    text = "\n".join(lines + ["", "In sample: " + scoring.summary(got, rats), "", *heldout.report(got, held)])
     text += "\n"
     if pc.out:
         Path(pc.out).mkdir(parents=True, exist_ok=True)  # the user's directory; what goes in it never through a link
         records.write_file(Path(pc.out, "accuracy-published.md"), text)
         records.write_file(Path(pc.out, "accuracy-published.json"),
                            json.dumps({"runs": got, "ratios": rats, "held_out": {
-                               s: {"rules": c, "runs": r} for s, (c, r) in heldout.held_out(by_combination).items()}},
+                               s: {"rules": c, "runs": r} for s, (c, r) in held.items()}},
                                indent=1) + "\n")
     return text
 

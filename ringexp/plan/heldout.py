@@ -44,12 +44,10 @@ def summary(rows: list) -> str:
             f"{len(rats)}")
 
 
-def report(by_combination: list) -> list:
-    """The leave-one-source-out lines: per study its runs, its median |error| in sample and held out, its ratio
-    directions, and the rules chosen without it where they differ from the model's; then the summary over every
-    study held out (the headline)."""
-    own = by_combination[0][1]
-    got = held_out(by_combination)
+def report(own: list, got: dict) -> list:
+    """The leave-one-source-out lines of `got` (held_out's), beside `own` (every run under the model's rules):
+    per study its runs, its median |error| in sample and held out, its ratio directions, and the rules chosen
+    without it where they differ from the model's; then the headline."""
     if not got:
         return ["Leave-one-source-out: needs cases of two studies at least (a case's `study`); in sample only."]
     lines = ["## Leave-one-source-out", "",
@@ -62,10 +60,16 @@ def report(by_combination: list) -> list:
         lines.append(f"| {study} | {len(errors)} | {median(inside)} | {median(errors)} | "
                      f"{format(errors[-1], '.1%') if errors else '-'} | {sum(r['right'] for r in rats)} of "
                      f"{len(rats)} | {rules.differs(combination) or 'the model' + chr(39) + 's'} |")
+    return lines + ["", headline(got)]
+
+
+def headline(got: dict) -> str:
+    """Every study held out, together: the out-of-sample summary and the worst study's median."""
     pooled = [r for _, rows in got.values() for r in rows]
-    worst = max(got, key=lambda s: statistics.median([abs(r["error"]) for r in got[s][1] if not r["input"]] or [0]))
-    return lines + ["", f"Held out (out of sample): {summary(pooled)}; the worst study's median: {worst}, "
-                    f"{median([abs(r['error']) for r in got[worst][1] if not r['input']])}"]
+    medians = {s: statistics.median([abs(r["error"]) for r in rows if not r["input"]] or [0]) for s, (_, rows) in
+               got.items()}
+    worst = max(medians, key=medians.get)
+    return f"Held out (out of sample): {summary(pooled)}; the worst study's median: {worst}, {medians[worst]:.1%}"
 
 
 def median(errors: list) -> str:

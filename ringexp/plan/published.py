@@ -11,16 +11,16 @@ The file, in short (ringexp/plan/published.yaml is the shipped one):
     cases:
       - name, study, source, cluster: NAME, model: timm name (or params: count), batch: per GPU
         compute: {step_s, source}: one GPU's forward, backward and optimizer step at that batch
-        train: [training overrides], env: {NCCL_ALGO, NCCL_PROTO, NCCL_SOCKET_NTHREADS, ...}  (both optional)
+        train: [training overrides], env: {NCCL_ALGO, NCCL_PROTO, NCCL_SOCKET_NTHREADS, ...}  (optional)
         runs: [{name, nodes, ranks_per_node, step_s or samples_s, source, train, baseline, input}]
 
 `study` names the publication a case is from: leave-one-source-out (heldout.py) holds a study's cases out
 together (a file of one study is scored in sample only), so a case's `source`, the quote its numbers come from,
 cannot be a case's of another cluster as well (one quote is of one cluster's table). `input: true` marks the run
-the compute was taken from: predicted exactly by construction, so not scored. Every
-field is checked for its kind and range before anything is built (params at most 10^12, a step at most a day,
-train a list of overrides, a model timm knows); a run whose configuration Hydra or ringexp refuses is named with
-the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`."""
+the compute was taken from: predicted exactly by construction, so not scored. Every field is checked for its kind
+and range before anything is built (params at most 10^12, a step at most a day, train a list of overrides, a
+model timm knows, NCCL's counts within NCCL's range); a run whose configuration Hydra or ringexp refuses is named
+with the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`."""
 
 import math
 
