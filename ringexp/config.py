@@ -344,7 +344,7 @@ class BackendConfig:
 
 def nccl_count_error(key: str, value: str) -> str:
     """What is wrong with a count NCCL reads (NCCL_COUNTS), or '' (also for other variables)."""
-    if key in NCCL_COUNTS and not (value.isdigit() and 1 <= int(value) <= NCCL_MAX[key]):
+    if key in NCCL_COUNTS and not (value.isascii() and value.isdigit() and 1 <= int(value) <= NCCL_MAX[key]):
         return f"must be an integer in [1, {NCCL_MAX[key]}] (NCCL's most)"
     return ""
 
@@ -352,7 +352,7 @@ def nccl_count_error(key: str, value: str) -> str:
 def nccl_sockets_error(env: dict) -> str:
     """NCCL's threads x sockets per thread above its MAX_SOCKETS, or ''."""
     got = [str(env.get(k, "1")) for k in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")]
-    if all(g.isdigit() for g in got) and int(got[0]) * int(got[1]) > NCCL_MAX["sockets"]:
+    if all(g.isascii() and g.isdigit() for g in got) and int(got[0]) * int(got[1]) > NCCL_MAX["sockets"]:
         return (f"times NCCL_NSOCKS_PERTHREAD={got[1]} is more than NCCL's {NCCL_MAX['sockets']} sockets per "
                 "connection; lower either")
     return ""

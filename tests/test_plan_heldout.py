@@ -2,6 +2,7 @@
 without the study it scores (ringexp/plan/heldout.py, rules.py), and the cases file's studies and sources that
 would defeat it are refused."""
 
+import copy
 import json
 import sys
 
@@ -101,6 +102,15 @@ def test_a_quote_shared_by_cases_of_different_clusters_is_refused_naming_the_fie
     line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]", f"out={tmp_path / 'acc'}"])
     assert "case rn50v1.5 dgx-a100 tf32: source: the same as case 'ddp-bench resnet50'" in line, line
     assert not (tmp_path / "acc").exists()
+
+
+def test_a_quote_shared_by_cases_of_different_studies_is_refused(tmp_path, monkeypatch, capsys):
+    """The same quote in two studies would let a publication help choose the rules it is scored under."""
+    def copied(doc):
+        doc["cases"].append(copy.deepcopy(doc["cases"][0]) | {"name": "copy", "study": "another"})
+    path = two_studies(tmp_path, copied)
+    line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]"])
+    assert "case copy: source: the same as case 'ddp-bench resnet50'" in line and "of study" in line, line
 
 
 def test_a_case_without_its_study_is_refused(tmp_path, monkeypatch, capsys):

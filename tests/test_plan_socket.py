@@ -13,6 +13,7 @@ from ringexp import parallel
 from ringexp.cluster import costmodel, nccl
 from ringexp.cluster import files as clusters
 from ringexp.cluster.schema import OVERLAP_SLOWDOWN, ClusterConfig, LinkConfig
+from ringexp.config import BackendConfig
 from ringexp.errors import ConfigError
 from ringexp.validate import compose_config
 
@@ -38,11 +39,21 @@ def test_the_ceiling_reproduces_nccl_s_rings_over_tcp_at_32_gbit():
 
 @pytest.mark.parametrize("env, streams", [
     ({}, 0), ({"NCCL_SOCKET_NTHREADS": "4"}, 8), ({"NCCL_SOCKET_NTHREADS": "2", "NCCL_NSOCKS_PERTHREAD": "8"}, 32),
-    ({"NCCL_NSOCKS_PERTHREAD": "4"}, 2), ({"NCCL_MIN_NCHANNELS": "4"}, 4), ({"NCCL_MAX_NCHANNELS": "1"}, 1)])
+    ({"NCCL_NSOCKS_PERTHREAD": "4"}, 2), ({"NCCL_MIN_NCHANNELS": "4"}, 4), ({"NCCL_MAX_NCHANNELS": "1"}, 1),
+    ({"NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "4"}, 8)])
 def test_nccl_s_socket_variables_set_the_streams_as_nccl_counts_them(env, streams):
-    """Channels (2, at least MIN, at most MAX) x sockets per connection (threads x sockets per thread, where no
-    helper thread means the connection's own socket: NSOCKS_PERTHREAD alone adds none); no variable: the file's."""
+    """Channels (2, cut to MAX, then copied up to MIN, which wins) x sockets per connection (threads x sockets per
+    thread, where no helper thread means the connection's own socket: NSOCKS_PERTHREAD alone adds none); no
+    variable: the file's."""
     assert nccl.socket_streams(env, 0) == streams
+
+
+def test_a_channel_setting_keeps_the_cluster_s_sockets_per_connection():
+    """An AWS file's 32 streams (2 channels x 16 sockets): 4 channels keep the 16 sockets; threads set anew
+    replace them."""
+    assert nccl.socket_streams({"NCCL_MIN_NCHANNELS": "4"}, 32) == 64
+    assert nccl.socket_streams({"NCCL_MAX_NCHANNELS": "64"}, 32) == 32
+    assert nccl.socket_streams({"NCCL_SOCKET_NTHREADS": "2"}, 32) == 4
 
 
 def tcp_cluster(gbit: float) -> ClusterConfig:
@@ -92,6 +103,8 @@ def test_calibrate_keeps_a_slow_socket_link_as_its_streams_ceiling():
     assert costmodel.beta(link) == pytest.approx(8 / 20e6)
     assert costmodel.beta(dataclasses.replace(link, streams=4)) == pytest.approx(1 / (4 * 12.5e6) + 8 / 25e6)
     assert "socket_Bps" not in clusters.inter_level(got, "25mbit", "measured")  # an efficiency, as before
+    at_line = dict(got, beta_s_per_byte=8 / 25e6 * (1 + 1e-9))  # at line rate, to within the measurement
+    assert clusters.inter_level(at_line, "25mbit", "measured", streams=2)["transport"] == "measured"
 
 
 @pytest.mark.parametrize("ceiling", [0.0, math.nan, math.inf])
@@ -108,6 +121,12 @@ def test_a_socket_ceiling_of_zero_or_nan_is_refused_naming_it(ceiling):
 def test_socket_counts_out_of_nccl_s_range_are_refused(env, words):
     with pytest.raises(ConfigError, match="^" + words.replace("[", r"\[").replace("]", r"\]")):
         compose_config(["+parallel=ddp", *(f"+backend.env.{k}={v}" for k, v in env.items())], 1)
+
+
+def test_a_count_of_digits_python_reads_but_int_does_not_is_refused():
+    """'\u00b2' is a digit to str.isdigit and no integer to int(): a cases file's env reaches the check with it."""
+    with pytest.raises(ConfigError, match="NCCL_SOCKET_NTHREADS=\u00b2: must be an integer in"):
+        BackendConfig(env={"NCCL_SOCKET_NTHREADS": "\u00b2"})
 
 
 @pytest.mark.parametrize("change, words", [
@@ -128,6 +147,14 @@ def test_a_cases_file_with_socket_settings_nccl_refuses_is_one_line(tmp_path, mo
     assert f"cases={path}: " in line and words in line, line
 
 
-def test_calibrate_s_transport_is_measured_or_socket(monkeypatch, capsys):
+def test_calibrate_s_transport_is_measured_or_socket_with_a_line_rate(monkeypatch, capsys):
+    """Refused before anything is measured: an unknown transport, sockets with no line rate to fall short of,
+    and NCCL socket counts in the environment NCCL would not take."""
     line = plan_refusal(monkeypatch, capsys, ["calibrate", "transport=tcp"])
     assert "transport=tcp: choose measured or socket" in line, line
+    monkeypatch.delenv("RINGEXP_CLUSTER_LINK", raising=False)
+    line = plan_refusal(monkeypatch, capsys, ["calibrate", "transport=socket"])
+    assert "transport=socket keeps what the link reached below its line rate: give line_rate=" in line, line
+    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", "32")
+    line = plan_refusal(monkeypatch, capsys, ["calibrate", "transport=socket", "line_rate=10gbit"])
+    assert "NCCL_SOCKET_NTHREADS=32 in the environment: must be an integer in [1, 16]" in line, line

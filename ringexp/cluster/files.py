@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ringexp import records
-from ringexp.cluster.schema import ClusterConfig, bytes_per_s
+from ringexp.cluster.schema import SOCKET_BPS_MAX, ClusterConfig, bytes_per_s
 from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError
 
@@ -95,8 +95,8 @@ def inter_level(got: dict, line_rate: str | None, note: str, streams: int = 0) -
     if not line or 1 / line >= got["beta_s_per_byte"]:
         return level
     level |= {"beta_s_per_byte": 1 / line, "source": f"{level['source']}; line rate {line_rate}"}
-    if streams:
-        ceiling = 1 / (streams * (got["beta_s_per_byte"] - 1 / line))
+    ceiling = 1 / (streams * (got["beta_s_per_byte"] - 1 / line)) if streams else 0.0
+    if streams and ceiling <= SOCKET_BPS_MAX:  # (beyond: the link ran at its line rate, to within the measurement)
         return level | {"transport": "socket", "streams": streams, "socket_Bps": ceiling,
                         "source": f"{level['source']}, of which {streams} TCP stream(s) reached the measured rate: "
                                   f"{ceiling / 1e9:.3g} GB/s each at most"}

@@ -47,17 +47,22 @@ chosen = contextvars.ContextVar("nccl_chosen", default=None)  # [(coll, algo, pr
 
 
 def socket_streams(env: dict, streams: int) -> int:
-    """The TCP streams NCCL runs each way over a node's link with a run's `env` (its channels times every
-    connection's sockets), or the cluster's `streams` where env sets none of NCCL's counts. Channels: 2 per NIC
-    (schema.SOCKET_CHANNELS), at least NCCL_MIN_NCHANNELS, at most NCCL_MAX_NCHANNELS (src/graph/connect.cc
-    copyChannels); sockets: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, where a variable not set takes NCCL's
-    automatic value (no helper thread, one socket per thread: then the connection's own socket carries the data;
+    """The TCP streams NCCL runs each way over a node's link with a run's `env`: its channels times every
+    connection's sockets, each taken from env where it sets them, else from the cluster's `streams` (0: NCCL's
+    default, SOCKET_CHANNELS channels of one socket). Channels: at most NCCL_MAX_NCHANNELS, then at least
+    NCCL_MIN_NCHANNELS (src/graph/connect.cc: the rings cut to the maximum, then copied up to the minimum, which
+    wins); sockets: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, where one not set takes NCCL's automatic value (no
+    helper thread, one socket per thread: then the connection's own socket carries the data;
     src/transport/net_socket.cc ncclNetSocketGetNsockNthread)."""
     if not any(k in env for k in NCCL_COUNTS):
         return streams
-    channels = max(SOCKET_CHANNELS, int(env.get("NCCL_MIN_NCHANNELS", 0)))
-    channels = min(channels, int(env.get("NCCL_MAX_NCHANNELS", channels)))
-    return channels * max(1, int(env.get("NCCL_SOCKET_NTHREADS", 0)) * int(env.get("NCCL_NSOCKS_PERTHREAD", 1)))
+    own = max(1, streams // SOCKET_CHANNELS) if streams else 1  # the cluster's sockets per connection
+    channels = min(SOCKET_CHANNELS, int(env.get("NCCL_MAX_NCHANNELS", SOCKET_CHANNELS)))
+    channels = max(channels, int(env.get("NCCL_MIN_NCHANNELS", 0)))
+    sockets = own
+    if "NCCL_SOCKET_NTHREADS" in env or "NCCL_NSOCKS_PERTHREAD" in env:
+        sockets = max(1, int(env.get("NCCL_SOCKET_NTHREADS", 0)) * int(env.get("NCCL_NSOCKS_PERTHREAD", 1)))
+    return channels * sockets
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ TRANSPORTS = tuple(EFFICIENCY)
 # many sockets sets the pace (nccl-tests#83: NCCL's rate is the slowest socket's times their number), which the
 # rule leaves out.
 SOCKET_BPS = 4.5e9
+SOCKET_BPS_MAX = 1e12  # a stream's ceiling past a terabyte a second is no ceiling (a file's range)
 SOCKET_CHANNELS = 2  # NCCL's channels over one NIC by default (above)
 # How much slower a GPU's compute runs while NCCL's kernels run beside it (they take SMs, and 2-3x their rate of
 # memory bandwidth: NVIDIA/nccl#689, #1428): Lee et al., "Characterizing Compute-Communication Overlap in
@@ -111,8 +112,9 @@ class ClusterConfig:
             most = NCCL_MAX["NCCL_MAX_NCHANNELS"] * NCCL_MAX["sockets"]
             need(0 <= link.streams <= most, f"cluster.{level}.streams", link.streams,
                  f"must be in [0, {most}] (NCCL's channels x sockets per connection; 0: NCCL's default)")
-            need(link.socket_Bps is None or 1e3 <= link.socket_Bps <= 1e12, f"cluster.{level}.socket_Bps",
-                 link.socket_Bps, "must be a finite number of bytes per second in [1e3, 1e12] (null: SOCKET_BPS)")
+            need(link.socket_Bps is None or 1e3 <= link.socket_Bps <= SOCKET_BPS_MAX, f"cluster.{level}.socket_Bps",
+                 link.socket_Bps, f"must be a finite number of bytes per second in [1e3, {SOCKET_BPS_MAX:g}] (null: "
+                 "SOCKET_BPS)")
         costs = {"add_s_per_byte": self.add_s_per_byte} | {
             f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
             for name, v in getattr(self, f"{kind}_s_per_byte").items()}

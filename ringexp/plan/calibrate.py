@@ -15,11 +15,14 @@ import torch.distributed as dist
 from ringexp import dist as rdist
 from ringexp.cluster import files as clusters
 from ringexp.cluster import nccl
-from ringexp.cluster.schema import SOCKET_CHANNELS
+from ringexp.cluster.schema import SOCKET_CHANNELS, bytes_per_s
+from ringexp.config import nccl_count_error, nccl_sockets_error
 from ringexp.errors import ConfigError
 from ringexp.launch import elastic, under_external_launcher
 from ringexp.plan import host
 from ringexp.plan.config import PlanConfig
+
+SOCKET_ENV = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")  # what sets a point-to-point connection's sockets
 
 
 def exchange_times(cfg: PlanConfig, env, to: int, frm: int, sync) -> list:
@@ -82,6 +85,7 @@ def calibrate_worker(cfg: PlanConfig) -> dict:
 
 def calibrate(cfg: PlanConfig, train: list = ()) -> None:
     """Measure on this job's ranks (or `nprocs` local workers) and write the cluster file."""
+    check_socket(cfg)
     if under_external_launcher():
         if int(os.environ["WORLD_SIZE"]) < 2:
             raise ConfigError("calibrate needs at least 2 ranks (nprocs=2 or more, or torchrun --nproc-per-node 2)")
@@ -91,9 +95,27 @@ def calibrate(cfg: PlanConfig, train: list = ()) -> None:
     clusters.write(m, cfg.out, cfg.label, cfg.line_rate, streams(cfg, m["backend"]))
 
 
+def check_socket(cfg: PlanConfig) -> None:
+    """What transport=socket needs, before anything is measured: a line rate to fall short of (line_rate=, or a
+    label or the cluster's link that is a rate), and NCCL socket counts NCCL takes."""
+    if cfg.transport != "socket":
+        return
+    if not (cfg.line_rate or bytes_per_s(cfg.label or os.environ.get("RINGEXP_CLUSTER_LINK", ""))):
+        raise ConfigError("transport=socket keeps what the link reached below its line rate: give line_rate= "
+                          "(tc's units: 25mbit, 100gbit)")
+    for key in SOCKET_ENV:
+        if bad := nccl_count_error(key, os.environ.get(key, "1")):
+            raise ConfigError(f"{key}={os.environ[key]} in the environment: {bad}")
+    if bad := nccl_sockets_error(os.environ):
+        raise ConfigError(f"NCCL_SOCKET_NTHREADS={os.environ['NCCL_SOCKET_NTHREADS']} in the environment {bad}")
+
+
 def streams(cfg: PlanConfig, backend: str) -> int:
     """The TCP streams the inter-node exchange ran over, where `transport=socket` asks for the link as sockets
-    (0 otherwise): gloo's one connection per pair of ranks; NCCL's channels x sockets (its variables here)."""
+    (0 otherwise): gloo's one connection per pair of ranks; NCCL's sockets per connection (its variables here) on
+    each of the 2 channels NCCL gives a point-to-point peer over the network (NCCL_NCHANNELS_PER_NET_PEER's
+    default: its send and receive, not the rings' NCCL_MIN/MAX_NCHANNELS)."""
     if cfg.transport != "socket":
         return 0
-    return nccl.socket_streams(dict(os.environ), SOCKET_CHANNELS) if backend == "nccl" else 1
+    env = {k: os.environ[k] for k in SOCKET_ENV if k in os.environ}
+    return nccl.socket_streams(env, SOCKET_CHANNELS) if backend == "nccl" else 1

@@ -70,14 +70,16 @@ def load(path: str) -> tuple:
 
 def studies(path: str, cases: list) -> None:
     """A study per publication: no quote (a case's `source`) shared by cases of different clusters, which would
-    make one publication of two (leave-one-source-out holds a study's cases out together)."""
+    make one publication of two, or of different studies, which would let one publication help choose the rules
+    it is scored under (leave-one-source-out holds a study's cases out together)."""
     seen = {}
     for i, c in enumerate(cases):
         other = seen.setdefault(c["source"], c)
-        if other["cluster"] != c["cluster"]:
-            refuser(path, i, c)("source", f"the same as case {described(other['name'])}'s, on cluster "
-                                f"{described(other['cluster'])}: a quote is of one cluster's results; quote this "
-                                "case's own and name its publication in `study`")
+        for key, what in (("cluster", "on cluster"), ("study", "of study")):
+            if other[key] != c[key]:
+                refuser(path, i, c)("source", f"the same as case {described(other['name'])}'s, {what} "
+                                    f"{described(other[key])}: a quote is of one cluster's results in one "
+                                    "publication; quote this case's own and name its publication in `study`")
 
 
 def cluster(path: str, name: str, body) -> ClusterConfig:

@@ -28,7 +28,8 @@ def line_rate(cl):
 
 def socket_share(cl):
     """A socket level at a fixed half of line rate, the model's rule before its streams (NCCL over TCP at 25 and
-    100 Gbit/s: nccl-tests#83, nccl#450)."""
+    100 Gbit/s: nccl-tests#83, nccl#450). After `line_rate` it has nothing left to change (every level is at line
+    rate then), so those combinations repeat others: harmless, since a tie goes to the first."""
     fixed = {level: dataclasses.replace(getattr(cl, level), efficiency=0.5) for level in ("intra", "inter")
              if getattr(cl, level).transport == "socket" and getattr(cl, level).efficiency is None}
     return dataclasses.replace(cl, **fixed)
