@@ -26,7 +26,7 @@ def test_a_socket_link_reaches_less_of_a_faster_line():
     """Two streams (NCCL's two channels, one socket each) fill a 1 Gbit/s link but not a 100 Gbit/s one."""
     shares = [costmodel.efficiency(socket(g)) for g in (1, 10, 25, 100)]
     assert shares == sorted(shares, reverse=True)
-    assert shares[0] > 0.98 and 0.3 < shares[-1] < 0.45  # nccl#450: 4-6 of 12.5 GB/s with 4 streams
+    assert shares[0] > 0.98 and 0.3 < shares[-1] < 0.45  # NCCL over 100 Gbit/s: 4-6 of 12.5 GB/s (nccl#450, #398)
 
 
 def test_the_ceiling_reproduces_nccl_s_rings_over_tcp_at_32_gbit():
