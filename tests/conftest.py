@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 import zygote
 from PIL import Image
 
@@ -175,6 +176,17 @@ def cli_env(extra=None) -> dict:
 
 read_summary = records.read_summary
 read_rows = records.read_rows  # the one reader of metrics.jsonl
+
+
+def published_cases(tmp_path, names, change=lambda doc: None) -> str:
+    """ringexp/plan/published.yaml with only the cases `names` (and every cluster), changed by `change`, written
+    to tmp_path: the path."""
+    doc = yaml.safe_load((ROOT / "ringexp" / "plan" / "published.yaml").read_text())
+    doc["cases"] = [c for c in doc["cases"] if c["name"] in names]
+    change(doc)
+    path = tmp_path / "cases.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
 
 
 def error_line(stderr: str) -> str:

@@ -7,13 +7,11 @@ import json
 import sys
 
 import pytest
-import yaml
-from conftest import ROOT, plan_refusal
+from conftest import plan_refusal, published_cases
 
 from ringexp.plan import heldout, rules
 from ringexp.plan.cli import main
 
-PUBLISHED = f"{ROOT}/ringexp/plan/published.yaml"
 OWN, OTHER = {"rule": "the model's"}, {"rule": "another"}
 
 
@@ -64,12 +62,7 @@ def test_every_combination_of_the_rules_changes_the_cluster_as_it_says():
 
 
 def two_studies(tmp_path, change=lambda doc: None) -> str:
-    doc = yaml.safe_load(open(PUBLISHED))
-    doc["cases"] = [c for c in doc["cases"] if c["name"] in ("ddp-bench resnet50", "rn50v1.5 dgx-a100 tf32")]
-    change(doc)
-    path = tmp_path / "cases.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
+    return published_cases(tmp_path, ("ddp-bench resnet50", "rn50v1.5 dgx-a100 tf32"), change)
 
 
 def test_accuracy_reports_each_study_held_out_under_the_rules_chosen_without_it(tmp_path, monkeypatch, capsys):

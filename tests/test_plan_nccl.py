@@ -8,8 +8,7 @@ import sys
 
 import pytest
 import torch
-import yaml
-from conftest import ROOT, plan_refusal
+from conftest import ROOT, plan_refusal, published_cases
 
 from ringexp import comm, compress, parallel
 from ringexp.cluster import costmodel, nccl
@@ -138,12 +137,7 @@ def test_the_shipped_published_cases_load_with_a_source_for_every_number():
 
 
 def write_cases(tmp_path, change) -> str:
-    doc = yaml.safe_load(open(PUBLISHED))
-    doc["cases"] = [c for c in doc["cases"] if c["name"] == "ddp-bench resnet50"]
-    change(doc)
-    path = tmp_path / "cases.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
+    return published_cases(tmp_path, ("ddp-bench resnet50",), change)
 
 
 def drop(d, key):

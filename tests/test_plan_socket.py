@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-import yaml
-from conftest import ROOT, plan_refusal
+from conftest import plan_refusal, published_cases
 
 from ringexp import parallel
 from ringexp.cluster import costmodel, nccl
@@ -138,11 +137,7 @@ def test_a_count_of_digits_python_reads_but_int_does_not_is_refused():
      "case ddp-bench resnet50: env.NCCL_SOCKET_NTHREADS: 16 times NCCL_NSOCKS_PERTHREAD=8 is more than NCCL's 64"),
 ], ids=["zero ceiling", "threads", "threads x sockets"])
 def test_a_cases_file_with_socket_settings_nccl_refuses_is_one_line(tmp_path, monkeypatch, capsys, change, words):
-    doc = yaml.safe_load(open(f"{ROOT}/ringexp/plan/published.yaml"))
-    doc["cases"] = [c for c in doc["cases"] if c["name"] in ("ddp-bench resnet50", "rn50v1.5 dgx-a100 tf32")]
-    change(doc)
-    path = tmp_path / "cases.yaml"
-    path.write_text(yaml.safe_dump(doc))
+    path = published_cases(tmp_path, ("ddp-bench resnet50", "rn50v1.5 dgx-a100 tf32"), change)
     line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]"])
     assert f"cases={path}: " in line and words in line, line
 

@@ -16,13 +16,11 @@ from ringexp import dist as rdist
 from ringexp.cluster import files as clusters
 from ringexp.cluster import nccl
 from ringexp.cluster.schema import SOCKET_CHANNELS, bytes_per_s
-from ringexp.config import nccl_count_error, nccl_sockets_error
+from ringexp.config import BackendConfig
 from ringexp.errors import ConfigError
 from ringexp.launch import elastic, under_external_launcher
 from ringexp.plan import host
 from ringexp.plan.config import PlanConfig
-
-SOCKET_ENV = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")  # what sets a point-to-point connection's sockets
 
 
 def exchange_times(cfg: PlanConfig, env, to: int, frm: int, sync) -> list:
@@ -97,17 +95,21 @@ def calibrate(cfg: PlanConfig, train: list = ()) -> None:
 
 def check_socket(cfg: PlanConfig) -> None:
     """What transport=socket needs, before anything is measured: a line rate to fall short of (line_rate=, or a
-    label or the cluster's link that is a rate), and NCCL socket counts NCCL takes."""
+    label or the cluster's link that is a rate), and NCCL socket counts NCCL takes (a run's backend.env rule)."""
     if cfg.transport != "socket":
         return
     if not (cfg.line_rate or bytes_per_s(cfg.label or os.environ.get("RINGEXP_CLUSTER_LINK", ""))):
         raise ConfigError("transport=socket keeps what the link reached below its line rate: give line_rate= "
                           "(tc's units: 25mbit, 100gbit)")
-    for key in SOCKET_ENV:
-        if bad := nccl_count_error(key, os.environ.get(key, "1")):
-            raise ConfigError(f"{key}={os.environ[key]} in the environment: {bad}")
-    if bad := nccl_sockets_error(os.environ):
-        raise ConfigError(f"NCCL_SOCKET_NTHREADS={os.environ['NCCL_SOCKET_NTHREADS']} in the environment {bad}")
+    try:
+        BackendConfig(env=socket_env())
+    except ConfigError as e:
+        raise ConfigError(str(e).removeprefix("backend.env.").replace(": ", " in the environment: ", 1)) from None
+
+
+def socket_env() -> dict:
+    """The variables here that set a point-to-point connection's sockets."""
+    return {k: os.environ[k] for k in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD") if k in os.environ}
 
 
 def streams(cfg: PlanConfig, backend: str) -> int:
@@ -117,5 +119,4 @@ def streams(cfg: PlanConfig, backend: str) -> int:
     default: its send and receive, not the rings' NCCL_MIN/MAX_NCHANNELS)."""
     if cfg.transport != "socket":
         return 0
-    env = {k: os.environ[k] for k in SOCKET_ENV if k in os.environ}
-    return nccl.socket_streams(env, SOCKET_CHANNELS) if backend == "nccl" else 1
+    return nccl.socket_streams(socket_env(), SOCKET_CHANNELS) if backend == "nccl" else 1

@@ -21,15 +21,15 @@ def ring_only(cl):
 
 
 def line_rate(cl):
-    """Every level at its line rate: the transports' shares of it left out."""
-    full = {level: dataclasses.replace(getattr(cl, level), efficiency=1.0) for level in ("intra", "inter")}
+    """Every level but a socket one (the socket rule's) at its line rate: the transports' shares left out."""
+    full = {level: dataclasses.replace(getattr(cl, level), efficiency=1.0) for level in ("intra", "inter")
+            if getattr(cl, level).transport != "socket"}
     return dataclasses.replace(cl, **full)
 
 
 def socket_share(cl):
     """A socket level at a fixed half of line rate, the model's rule before its streams (NCCL over TCP at 25 and
-    100 Gbit/s: nccl-tests#83, nccl#450). After `line_rate` it has nothing left to change (every level is at line
-    rate then), so those combinations repeat others: harmless, since a tie goes to the first."""
+    100 Gbit/s: nccl-tests#83, nccl#450)."""
     fixed = {level: dataclasses.replace(getattr(cl, level), efficiency=0.5) for level in ("intra", "inter")
              if getattr(cl, level).transport == "socket" and getattr(cl, level).efficiency is None}
     return dataclasses.replace(cl, **fixed)
@@ -43,7 +43,7 @@ def not_slowed(cl):
 RULES = {
     "per-bucket cost": {"on the training thread": same, "none": no_bucket_cost},
     "NCCL's all-reduce": {"NCCL's choice": same, "ring, Simple": ring_only},
-    "bandwidth": {"each transport's share": same, "line rate": line_rate},
+    "bandwidth": {"each transport's share": same, "line rate (but sockets)": line_rate},
     "socket bandwidth": {"streams x ceiling": same, "half of line rate": socket_share},
     "compute beside communication": {"slowed": same, "not slowed": not_slowed},
 }

@@ -4,7 +4,6 @@ config) beside its measurement, each run naming a `baseline` as a ratio (did the
 faster), and the summary of both. A run whose configuration Hydra or ringexp refuses is named with the field: one
 line, `cases=FILE: case NAME: run NAME: FIELD: WHY`."""
 
-import contextlib
 import dataclasses
 import functools
 import statistics
@@ -46,10 +45,12 @@ def predicted(path: str, clusters: dict, case: dict, changes: tuple = (rules.sam
     out = [[] for _ in changes]
     for run in case["runs"]:
         cl = shape(path, clusters, case, run)
-        with refusing(path, case, run):
+        try:
             cfg = composed(case, run)
             for rows, change in zip(out, changes, strict=True):
                 rows.append(row(case, run, parallel.step_cost(change(cl), cfg, shapes, compute)))
+        except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
+            refused(path, case, run, e)
     return out
 
 
@@ -69,21 +70,13 @@ def shape(path: str, clusters: dict, case: dict, run: dict):
         refuser(path, 0, case)(f"run {ascii(short(run['name']))}: nodes, ranks_per_node", str(e))
 
 
-@contextlib.contextmanager
-def refusing(path: str, case: dict, run: dict):
-    """A run whose configuration Hydra or ringexp refuses, as ConfigError `cases=FILE: case NAME: run NAME:
-    train: WHY` (the run's train where the case's composes without it, else the case's)."""
-    try:
-        yield
-    except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
-        refused(refuser(path, 0, case), f"run {ascii(short(run['name']))}", case, run, e)
-
-
-def refused(wrong, label: str, case: dict, run: dict, e: Exception) -> None:
+def refused(path: str, case: dict, run: dict, e: Exception) -> None:
+    """ConfigError `cases=FILE: case NAME: run NAME: train: WHY` for a run whose configuration Hydra or ringexp
+    refused (the run's own train where the case's composes without it, else the case's)."""
     cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
-    # the run's own overrides are named where the case's compose without them (asked only once refused)
-    field = f"{label}: train" if run.get("train") and composes(case, dict(run, train=[])) else "train"
-    wrong(field, short(one_line(str(e)) + cause, 400))
+    label = f"run {ascii(short(run['name']))}: train" if run.get("train") and composes(case, dict(run, train=[])) \
+        else "train"  # (asked only once refused)
+    refuser(path, 0, case)(label, short(one_line(str(e)) + cause, 400))
 
 
 def composed(case: dict, run: dict):
