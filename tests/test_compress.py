@@ -1,6 +1,9 @@
 """Compressors: round trips, error feedback, compressed collectives against builtin in real gloo groups."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ from conftest import workers
 from ringexp import compress
 from ringexp import dist as rdist
 from ringexp.bench import count_wrong
-from ringexp.compress import feedback
+from ringexp.compress import feedback, int8_triton
 from ringexp.config import CompressionConfig
 
 LOSSY = ["fp16", "bf16", "int8", "topk", "randomk", "sign"]
@@ -157,6 +160,39 @@ def int8_overflow_worker():
 
 def test_int8_ring_never_overflows():
     assert all(workers(int8_overflow_worker, 4).values())
+
+
+# int8's one-pass GPU encode (ringexp/compress/int8_triton.py), run by Triton's interpreter on CPU tensors: the same
+# bytes as the eager encode, NaN, inf, an all-zero block and a short last block included. (A process of its own:
+# TRITON_INTERPRET must be set before Triton is imported.)
+TRITON_INT8 = r"""
+import torch
+from ringexp.compress import int8, int8_triton
+from ringexp.config import CompressionConfig
+
+g = torch.Generator().manual_seed(0)
+for block, n in ((4096, 3 * 4096 + 1000), (1000, 10_007), (7, 50), (64, 64)):
+    c = CompressionConfig(name="int8", block=block, error_feedback=False)
+    x = torch.randn(n, generator=g) * 3
+    x[::97] *= 50
+    x[5], x[min(block + 3, n - 2)], x[-1] = float("nan"), float("inf"), -float("inf")
+    x[2 * block:3 * block] = 0.0
+    want, got = int8.encode(x, c), torch.zeros(int8.nbytes(n, c), dtype=torch.uint8)
+    scale, q = int8.parts(got, n, c)
+    for first, rows, length in int8.blocks(n, block):
+        m = rows * length
+        int8_triton.encode_rows(x[first:first + m].view(rows, length), scale[first // block:][:rows],
+                                q[first:first + m].view(rows, length))
+    assert torch.equal(got, want), (block, n, int((got != want).sum()))
+print("same bytes")
+"""
+
+
+@pytest.mark.skipif(int8_triton.triton is None, reason="Triton is not installed (a CPU-only torch)")
+def test_int8_gpu_kernel_writes_the_bytes_of_the_eager_encode():
+    r = subprocess.run([sys.executable, "-c", TRITON_INT8], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0 and "same bytes" in r.stdout, r.stderr[-3000:]
 
 
 def test_wire_bytes_of_each_compressor():
