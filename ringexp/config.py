@@ -266,6 +266,8 @@ class LauncherConfig:
     device: Device = Device.auto
     threads_per_worker: int = 0  # CPU only; 0 = cores / workers on this node
     max_restarts: int = 0  # local workers: restarts of the whole job after a worker dies (each resumes)
+    # Bit-identical reruns and resumptions on GPUs: deterministic cuDNN/cuBLAS algorithms (dist.deterministic)
+    deterministic: bool = False
 
     def __post_init__(self):
         need(self.nproc_per_node is None or self.nproc_per_node >= 1, "launcher.nproc_per_node", self.nproc_per_node,

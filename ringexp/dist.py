@@ -70,6 +70,16 @@ def init(device: str, threads_per_worker: int = 0, timeout_s: float = 300.0) -> 
     return Env(rank, world, local_rank, local_world, dev, backend)
 
 
+def deterministic() -> None:
+    """Deterministic algorithms for the rest of this process (launcher.deterministic): on GPUs, cuDNN's
+    convolutions and cuBLAS's reductions otherwise sum in an order that varies from run to run (atomics, split-K),
+    so a resumed run drifts from an uninterrupted one by about 1e-3 in 10 steps (docs/results/gpu.md). Call it
+    before the first matmul: cuBLAS reads its workspace setting when it starts. Ops with no deterministic version
+    (max pooling's backward on CUDA) warn instead of failing; CPU ranks are deterministic already."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def handover(device: torch.device):
     """A mark another thread's work on `device`'s tensors must wait for: on CUDA, an event recorded on the
     calling thread's current stream of that device (the compute stream that produced them); None on CPU."""

@@ -240,6 +240,8 @@ def attempt(cfg, run_dir, meta):
 def train_rank(cfg, run_dir, meta):
     in_force = backend.apply(cfg.backend)  # before the process group: the backends read it as they start
     env = rdist.init(cfg.launcher.device, cfg.launcher.threads_per_worker, cfg.parallel.timeout_s)
+    if cfg.launcher.deterministic:
+        rdist.deterministic()
     try:
         # Ranks started by an external torchrun each composed the config; rank 0 alone made the run dir.
         shared = [run_dir, meta]

@@ -2,6 +2,7 @@
 
 import glob
 import math
+import os
 import subprocess
 import sys
 
@@ -180,3 +181,25 @@ def test_rows_every_log_every_steps_and_on_evaluation_steps(tmp_path, tiny):
     # intervals 1-5, 6, 7-10, 11-12; throughput_warmup=2 leaves out the first
     assert s["throughput"]["n"] == 3 and s["throughput"]["warmup_steps_excluded"] == 5
     assert s["step_time_s"]["median"] in [row["train/step_time_s"] for row in rows[1:]]
+
+
+DETERMINISTIC = r"""
+import os, torch
+from ringexp import dist
+before = torch.are_deterministic_algorithms_enabled()
+dist.deterministic()
+print(before, torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+      os.environ["CUBLAS_WORKSPACE_CONFIG"])
+"""
+
+
+@pytest.mark.parametrize("given", [None, ":16:8"])
+def test_launcher_deterministic_turns_on_deterministic_algorithms_and_keeps_a_given_cublas_workspace(given):
+    """launcher.deterministic=true (what tests/test_gpu.py's resumed CUDA runs need to match bit for bit): torch's
+    deterministic algorithms, warning where an op has none (CUDA's max-pooling backward) instead of failing the
+    run, and cuBLAS's fixed workspace unless the user set one."""
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    r = subprocess.run([sys.executable, "-c", DETERMINISTIC], capture_output=True, text=True, timeout=120,
+                       env=env | ({"CUBLAS_WORKSPACE_CONFIG": given} if given else {}))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "True", "True", given or ":4096:8"], r.stdout
