@@ -1,137 +1,279 @@
-"""What a config file may do: set training values, never run code.
+"""What an option file may do: set training values, never run code. Checked inside Hydra's own composition.
 
-Hydra instantiates whatever `_target_` it finds under `hydra.callbacks` (and the launcher, the sweeper, the logging
-handlers) as soon as it has composed a command, before ringexp sees the configuration. A group option file that
-puts keys under `hydra` (with `# @package _global_`, or a package of `hydra...`) can therefore run any importable
-function (`torch.hub.load` on a `hubconf.py` runs that file), even for a command that ringexp then refuses; and
-ringexp tells users to copy a file it writes (a tune's `best.yaml`) into `conf/experiment/`. So, before Hydra
-composes anything, every option file the command line selects (`+experiment=best`, `parallel=X`, each value of a
-sweep, and what their defaults lists pull in) is read as Hydra would find it (its search path, `hydra.searchpath`
-included) and refused, in one line naming the file, when it holds a `_target_`, keys under `hydra` other than a
-sweep's values (`hydra.sweeper.params`), or a defaults entry of a `hydra/` group. What the command line itself
-says is the user's own (a `hydra/launcher=` choice, a `hydra.callbacks` override).
+Hydra instantiates whatever `_target_` it finds under `hydra.callbacks` (and the launcher and the sweeper), and
+`logging.config.dictConfig` calls any `'()'` factory of `hydra.job_logging` (a `FileHandler` in mode `w`
+truncates any file the user can write), as soon as it has composed a command, before ringexp sees it. A group option
+file that reaches under `hydra` could run code, even for a command ringexp then refuses; and ringexp tells users to
+copy a file it writes (a tune's `best.yaml`) into `conf/experiment/`. A list of ways to reach under `hydra` (package
+headers, a defaults entry's `@package`, `_global_`, a search path the command adds) keeps leaking, so the check is
+not made beside Hydra but inside it: while `gate()` is open, every composition Hydra performs (an app's, each job of
+its sweep, the compose API's) checks each file as Hydra reads it and where Hydra puts it:
 
-Hydra's own repository (hydra._internal) does the finding, so that the file checked is the file Hydra loads.
+- the file is read once, through ringexp's reader (UTF-8, at most records.SMALL bytes, no YAML alias, nesting
+  bounded, a header Hydra can read): what Hydra parses is what was checked, and a malformed file is one line;
+- a training values file (any option but the primary config and the `hydra/` options) reaches under `hydra` only at
+  MAY_SET (a sweep's values, the run and sweep directories), holds no `_target_` and no `'()'` anywhere, selects no
+  `hydra/` option in its defaults list, and its sweep sets no `hydra` key;
+- the primary config and the `hydra/` options come from ringexp's conf/, Hydra's package, a Hydra plugin's package
+  or a schema registered in Python: never from a directory the command line adds (`--config-dir`,
+  `hydra.searchpath`).
+
+What the command line itself says is the user's own (`hydra/launcher=slurm`, a `hydra.callbacks` override): it is
+not a file. A sweep's master composition also composes each value of each sweep once, so that a file a sweep selects
+is refused before its first job runs (every job's own composition is checked again as it starts). A refusal is
+`Refused` inside Hydra (a BaseException: Hydra reports any Exception in its own words, exit code 1) and ConfigError
+(ringexp's one line, exit code 2) once out of the gate.
 """
 
-from hydra._internal.config_repository import ConfigRepository
-from hydra._internal.utils import create_config_search_path
+import contextlib
+import copy
+import io
+import os
+
+import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.file_config_source import FileConfigSource
+from hydra._internal.sources_registry import SourcesRegistry
 from hydra.core.default_element import ConfigDefault, GroupDefault
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
 from hydra.errors import HydraException
+from hydra.plugins.config_source import ConfigResult, ConfigSource
+from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from ringexp import records
 from ringexp.config import CONF_DIR
-from ringexp.errors import ConfigError
+from ringexp.errors import ConfigError, one_line
 
-SWEEP_VALUES = ("hydra", "sweeper", "params")  # the one part of `hydra` a file may set: a sweep's values
-DEPTH = 8  # defaults lists pulling in defaults lists: deeper than any shipped option, and no loop
+MAY_SET = (("sweeper", "params"), ("run", "dir"), ("sweep", "dir"), ("sweep", "subdir"))  # under hydra, by a file
+CODE_KEYS = ("_target_", "()")  # what Hydra instantiates, what logging's dictConfig calls
+TRUSTED = (f"file://{os.path.realpath(CONF_DIR)}", "pkg://hydra.", "pkg://hydra_plugins.", "structured://")
+PRECHECKED = 64  # a sweep's values composed before its first job: more is left to each job's own check
+HEADER = 512  # the characters Hydra reads a file's header (`# @package ...`) from
+
+_PLACE, _COMPOSE = ConfigLoaderImpl._load_single_config, ConfigLoaderImpl.load_configuration
+_READ = FileConfigSource.load_config  # (the same function as the registered class's: see file_source)
+_open = [0]  # gates open (they nest: a program's gate, then the compose API inside its app)
 
 
-def check(args: list) -> None:
-    """ConfigError naming the first option file of command line `args` that does more than set values."""
-    overrides = parse([a for a in args if not a.startswith("-")])
-    if overrides is not None:  # (else Hydra's own message follows when it parses them)
-        selected(ConfigRepository(config_search_path=search_path(overrides)), overrides, 0)
+class Refused(BaseException):
+    """An option file that does more than set values, raised where Hydra composes."""
 
 
-def parse(args: list):
+@contextlib.contextmanager
+def gate():
+    """Every composition Hydra performs inside checks each file it loads (see the module's doc); a refused file is a
+    ConfigError out of the gate."""
+    source = file_source()
+    if not _open[0]:
+        source.load_config, ConfigLoaderImpl._load_single_config = read, place
+        ConfigLoaderImpl.load_configuration = composed
+    _open[0] += 1
     try:
-        return OverridesParser.create().parse_overrides(args)
+        yield
+    except Refused as e:
+        raise ConfigError(str(e)) from None
+    finally:
+        _open[0] -= 1
+        if not _open[0]:
+            source.load_config, ConfigLoaderImpl._load_single_config = _READ, _PLACE
+            ConfigLoaderImpl.load_configuration = _COMPOSE
+
+
+def file_source():
+    """The class Hydra reads `file://` sources with: its plugin scan imports the module again, so the class it
+    registers is not the one `import` gives (Plugins.instance() scans once; Hydra then finds it done)."""
+    Plugins.instance()
+    return SourcesRegistry.instance().resolve("file")
+
+
+@contextlib.contextmanager
+def conf_hydra():
+    """Hydra over ringexp's conf/: the app's already running (its search path), else one for this block."""
+    if GlobalHydra.instance().is_initialized():
+        yield
+    else:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            yield
+
+
+def compose(overrides: list, config_name: str = "train") -> DictConfig:
+    """Hydra's compose API (nothing run, configured or instantiated) through the gate: ConfigError naming a file
+    that does more than set values, or saying in one line what Hydra cannot compose (a sweep, `glob()`, a key that
+    is not there): inside another program's app, Hydra would report it as that job's failure."""
+    try:
+        with gate(), conf_hydra():
+            return hydra_compose(config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise composition_error(e) from None
+
+
+def composition_error(e: Exception) -> ConfigError:
+    """Hydra's or OmegaConf's error as one line: its lines joined (Hydra's "Ambiguous value" says what to do on the
+    lines after the first), and its cause, which says what is wrong where the first only names the override ("Error
+    merging override x=.inf")."""
+    said = "; ".join(x.strip().rstrip(".") for x in str(e).splitlines() if x.strip())
+    cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
+    return ConfigError(said + cause)
+
+
+def check(args: list, config_name: str = "train") -> None:
+    """Compose a command line of `config_name`'s program (`-m`: a sweep, each of its values composed once) through
+    the gate, running nothing: ConfigError naming the first option file that does more than set values. What Hydra
+    cannot compose is left to the program itself, which says it in Hydra's words."""
+    mode = RunMode.MULTIRUN if any(a in ("-m", "--multirun") for a in args) else RunMode.RUN
+    try:
+        with gate(), conf_hydra():
+            GlobalHydra.instance().hydra.compose_config(config_name, [a for a in args if not a.startswith("-")], mode)
+    except (HydraException, OmegaConfBaseException):
+        pass
+
+
+def sweeps(args: list) -> list:
+    """The overrides of `args` that sweep (`a,b`, `glob()`, `range()`), as given; [] where Hydra cannot parse them
+    (its own message follows)."""
+    try:
+        return [o.input_line for o in OverridesParser.create().parse_overrides(args) if o.is_sweep_override()]
     except HydraException:
-        return None
+        return []
 
 
-def selected(repo, overrides, depth: int) -> None:
-    """Check every option file that `overrides` select (hydra/ groups aside: those are the command line's own)."""
-    for o in overrides:
-        group, _, package = o.key_or_group.lstrip("+~").partition("@")
-        if o.is_delete() or group.startswith("hydra") or not repo.group_exists(group):
-            continue
-        for option in options(o):
-            walk(repo, f"{group}/{option}", package or None, depth)
+def read(source, config_path: str) -> ConfigResult:
+    """FileConfigSource.load_config with the file read once, by ringexp's reader."""
+    path = os.path.realpath(os.path.join(source.path, source._normalize_file_name(config_path)))
+    if not os.path.isfile(path):
+        return _READ(source, config_path)  # (Hydra's own answer: not there)
+    try:
+        text = records.yaml_text(path, records.read_bytes(path, follow=True), mapping=False)
+        header = ConfigSource._get_header_dict(text[:HEADER])
+        body = OmegaConf.load(io.StringIO(text))
+    except OSError as e:
+        raise Refused(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ConfigError as e:  # (its words say what to do)
+        raise Refused(str(e)) from None
+    except yaml.MarkedYAMLError as e:  # what only building it finds (a duplicate key)
+        line = f" (line {e.problem_mark.line + 1})" if e.problem_mark else ""
+        raise Refused(f"{path}: {e.problem or e.context}{line}; fix the file") from None
+    except (ValueError, yaml.YAMLError, OmegaConfBaseException) as e:  # a header or a value Hydra cannot take
+        raise Refused(f"{path}: {one_line(str(e))}; fix the file") from None
+    return ConfigResult(config=body, path=f"{source.scheme()}://{source.path}", provider=source.provider,
+                        header=header)
 
 
-def search_path(overrides):
-    """Hydra's search path for this command: conf/, then what `hydra.searchpath=[...]` adds."""
-    path = create_config_search_path(CONF_DIR)
-    for o in overrides:
-        if o.key_or_group == "hydra.searchpath" and not o.is_sweep_override():
-            for entry in o.value() or []:
-                path.append("command-line", str(entry))
-    return path
+def place(loader, default, repo) -> ConfigResult:
+    """ConfigLoaderImpl._load_single_config, then the file checked as Hydra placed it (its final package)."""
+    res = _PLACE(loader, default, repo)
+    where = f"{res.path.removeprefix('file://')}/{default.config_path}.yaml"
+    if default.primary or default.config_path.startswith("hydra/"):
+        if not trusted(res.path):
+            what = "its primary config" if default.primary else "the hydra/ options"
+            raise Refused(f"{where}: ringexp takes {what} only from its own conf/, Hydra and Hydra's plugins, not "
+                          "from a folder the command line adds; remove it from that folder")
+        return res
+    values_only(where, res, default.config_path)
+    return res
 
 
-def options(o) -> list:
-    """The option names an override selects (each value of a sweep)."""
-    if o.is_sweep_override():
-        return [str(v) for v in o.sweep_string_iterator()]
-    value = o.value()
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+def trusted(source: str) -> bool:
+    if source.startswith("file://"):
+        source = "file://" + os.path.realpath(source.removeprefix("file://"))
+    return source == TRUSTED[0] or source.startswith(TRUSTED[1:])
 
 
-def walk(repo, path: str, package, depth: int) -> None:
-    """Check option file `path` (group/option) and what its defaults list includes."""
-    got = repo.load_config(path) if depth <= DEPTH else None
-    if got is None:
-        return  # not an option file (Hydra's own message follows), or too deep to be a real configuration
-    where = f"{got.path.removeprefix('file://')}/{path}.yaml"
-    base = path.rsplit("/", 1)[0]
-    package = package or got.header.get("package") or base.replace("/", ".")
-    if package == "hydra" or package.startswith("hydra."):
-        refuse(where, f"its package {package} puts its keys under hydra")
-    body = got.config
-    if package.startswith("_global_") and isinstance(body, DictConfig) and "hydra" in body:
-        hydra_keys(where, body.hydra, ("hydra",))
-        sweep(repo, where, OmegaConf.select(body, "hydra.sweeper.params") or {}, depth)
-    if (target := find_target(body, ())) is not None:
-        refuse(where, f"it sets {'.'.join(target) or '_target_'}, which Hydra would instantiate")
-    for d in got.defaults_list or []:
+def values_only(where: str, res: ConfigResult, config_path: str) -> None:
+    """Refused unless the placed file `res` only sets training values (and a sweep's, and where runs go)."""
+    body = res.config
+    if isinstance(body, DictConfig) and "hydra" in body:
+        if (key := beyond(body._get_node("hydra"), ())) is not None:
+            refuse(where, f"it sets hydra.{'.'.join(key)}")
+        sweep(where, OmegaConf.select(body, "hydra.sweeper.params") or {})
+    if (key := code_key(body, ())) is not None:
+        refuse(where, f"it sets {'.'.join(key)}, which Hydra or logging would call")
+    base = config_path.rsplit("/", 1)[0] if "/" in config_path else ""
+    for d in res.defaults_list or []:
         if isinstance(d, ConfigDefault) and d.is_self():
             continue
-        d.update_parent(base, package)  # (what Hydra does first: a path is relative to the file's group)
+        d = copy.deepcopy(d)
+        d.update_parent(base, "")  # (what Hydra does first: a path is relative to the file's group)
         name = d.get_group_path() if isinstance(d, GroupDefault) else d.get_config_path()
         if name.lstrip("/").startswith("hydra"):
             refuse(where, f"its defaults list selects {name}")
-        if isinstance(d, ConfigDefault) or not (d.is_missing() or d.is_options()):
-            walk(repo, d.get_config_path().lstrip("/"), None, depth + 1)
 
 
-def sweep(repo, where: str, params, depth: int) -> None:
-    """A file's sweep (hydra.sweeper.params) is overrides of every job: each one checked as if given here."""
-    jobs = parse([f"{k}={v}" for k, v in params.items()])
-    if jobs is None:
+def beyond(node, at: tuple):
+    """The first key under `hydra` outside MAY_SET (a path), or None."""
+    if at in MAY_SET:
+        return None
+    if not isinstance(node, DictConfig) or not any(m[:len(at)] == at for m in MAY_SET):
+        return at
+    for key in node.keys():
+        if (found := beyond(node._get_node(key), (*at, str(key)))) is not None:
+            return found
+    return None
+
+
+def sweep(where: str, params) -> None:
+    """A file's sweep (hydra.sweeper.params) is overrides of every job: none of them may reach under hydra."""
+    try:
+        jobs = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    except (HydraException, AttributeError):
         refuse(where, "its hydra.sweeper.params are no overrides Hydra can read")
-    if (bad := next((o.key_or_group for o in jobs if o.key_or_group.lstrip("+~").startswith("hydra")), None)):
-        refuse(where, f"its sweep sets {bad}")
-    selected(repo, jobs, depth + 1)
+    for o in jobs:
+        key, _, package = o.key_or_group.lstrip("+~").partition("@")
+        if key.startswith("hydra") or (o.package or package).startswith("hydra"):
+            refuse(where, f"its sweep sets {o.get_key_element()}")
 
 
-def hydra_keys(where: str, node, at: tuple) -> None:
-    """Every key under `hydra` in a file must lie inside hydra.sweeper.params."""
-    if at == SWEEP_VALUES[:len(at)] and len(at) == len(SWEEP_VALUES):
-        return
-    if not isinstance(node, DictConfig) or at != SWEEP_VALUES[:len(at)]:
-        refuse(where, f"it sets {'.'.join(at)}")
-    for key in node:
-        hydra_keys(where, node[key], (*at, str(key)))
-
-
-def find_target(node, at: tuple):
-    """The path of the first `_target_` key in `node`, or None."""
+def code_key(node, at: tuple):
+    """The path of the first `_target_` or `'()'` key in `node`, or None (values left unresolved)."""
     if isinstance(node, DictConfig):
         for key in node.keys():
-            if key == "_target_":
-                return (*at, "_target_")
-            if (found := find_target(node._get_node(key), (*at, str(key)))) is not None:
+            if key in CODE_KEYS:
+                return (*at, str(key))
+            if (found := code_key(node._get_node(key), (*at, str(key)))) is not None:
                 return found
     elif isinstance(node, ListConfig):
         for i, item in enumerate(node._iter_ex(resolve=False)):
-            if (found := find_target(item, (*at, str(i)))) is not None:
+            if (found := code_key(item, (*at, str(i)))) is not None:
                 return found
     return None
 
 
+def composed(loader, config_name, overrides, run_mode, *args, **kwargs):
+    """ConfigLoaderImpl.load_configuration; for a sweep's master configuration, each value of each sweep composed
+    once too (files checked as they load), so that a file a job would select is refused before any job runs."""
+    cfg = _COMPOSE(loader, config_name, overrides, run_mode, *args, **kwargs)
+    if run_mode == RunMode.MULTIRUN:
+        for job in list(values(overrides, cfg))[:PRECHECKED]:
+            try:
+                _COMPOSE(loader, config_name, job, RunMode.RUN)
+            except (HydraException, OmegaConfBaseException):
+                pass  # (the job itself says it, in Hydra's words)
+    return cfg
+
+
+def values(overrides: list, cfg):
+    """Overrides that select one value of one sweep each (the command line's and hydra.sweeper.params'), the other
+    overrides kept as they are."""
+    parser = OverridesParser.create()
+    given = parser.parse_overrides(overrides)
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    sweeps = [o for o in given if o.is_sweep_override()]
+    sweeps += [o for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()]) if o.is_sweep_override()]
+    kept = [o.input_line for o in given if not o.is_sweep_override()]
+    for o in sweeps:
+        try:
+            choices = list(o.sweep_string_iterator())
+        except (HydraException, TypeError, ValueError):  # glob(): the options are the group's, known to the job
+            continue
+        yield from ([*kept, f"{o.get_key_element()}={v}"] for v in choices)
+
+
 def refuse(where: str, why: str):
-    raise ConfigError(f"{where}: {why}; a config file may only set training values (docs/faults.md: what a config "
-                      "file can do). Remove it from the file, or give it on the command line")
+    raise Refused(f"{where}: {why}; a config file may only set training values (docs/faults.md: what a config file "
+                  "can do). Remove it from the file, or give it on the command line")

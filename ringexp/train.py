@@ -184,19 +184,18 @@ def worker_rank_main() -> None:
 
 
 def check_argv(args: list) -> None:
-    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`); and,
-    before Hydra instantiates anything, an option file that does more than set values (ringexp.conffiles)."""
+    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`)."""
     for a in args:
         if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
             raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
-    conffiles.check(args)
 
 
 def cli() -> None:
     stop.default()  # the imports are done: until workers start, Ctrl-C is Python's KeyboardInterrupt
     try:
         check_argv(sys.argv[1:])
-        as_rank(main, worker_rank_main, srun=False)
+        with conffiles.gate():  # every option file Hydra composes, checked as it reads it (ringexp.conffiles)
+            as_rank(main, worker_rank_main, srun=False)
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)

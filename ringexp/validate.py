@@ -10,13 +10,11 @@ import dataclasses
 import os
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import compress, parallel
-from ringexp.config import CONF_DIR, AmpMode, Device, OptimName, StrategyName, TrainConfig
+from ringexp import compress, conffiles, parallel
+from ringexp.config import AmpMode, Device, OptimName, StrategyName, TrainConfig
 from ringexp.data import check_data
 from ringexp.errors import ConfigError
 from ringexp.models import build_model, check_model
@@ -43,11 +41,8 @@ def checked(cfg, nodes: int | None = None) -> TrainConfig:
 def compose_config(overrides: list, nodes: int | None = None) -> TrainConfig:
     """Compose and check the config without Hydra's app (no run directory): for other ranks and scripts, and inside
     another tool's Hydra app (the planner's), whose search path is the same conf/. `nodes`: as for checked (the
-    planner's: the cluster's)."""
-    if GlobalHydra.instance().is_initialized():
-        return checked(compose("train", overrides=overrides), nodes)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return checked(compose("train", overrides=overrides), nodes)
+    planner's: the cluster's). Every option file goes through conffiles' gate."""
+    return checked(conffiles.compose(overrides), nodes)
 
 
 def unknown_keys(node, schema, prefix: str = ""):

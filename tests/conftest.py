@@ -174,6 +174,20 @@ def cli_env(extra=None) -> dict:
     return env
 
 
+# Callbacks run just before this process opens a path (sys.addaudithook; a hook cannot be removed, so there is one,
+# and it does nothing while ON_OPEN is empty): what another process would do at that moment (swap a file, start a
+# run beside this one). ON_OPEN[path] = callback, which returns True to be called again at the next open.
+ON_OPEN = {}
+
+
+def _on_open(event, args):
+    if event == "open" and ON_OPEN and (callback := ON_OPEN.pop(str(args[0]), None)) is not None:
+        if callback():
+            ON_OPEN[str(args[0])] = callback
+
+
+sys.addaudithook(_on_open)
+
 read_summary = records.read_summary
 read_rows = records.read_rows  # the one reader of metrics.jsonl
 

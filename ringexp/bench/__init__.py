@@ -25,11 +25,10 @@ from pathlib import Path
 import hydra
 import torch
 import torch.distributed as dist
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from ringexp import comm, compress, records
+from ringexp import comm, compress, conffiles, records
 from ringexp import dist as rdist
 from ringexp.bench.config import BenchConfig
 from ringexp.config import CONF_DIR, CompressionConfig, Device, plain
@@ -342,8 +341,7 @@ def failed(run_dir: Path, message: str, code: int) -> None:
 def other_rank() -> None:
     """A non-zero rank under torchrun: the same bench config, composed without Hydra's app (no run directory)."""
     try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("bench", overrides=[a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
+        cfg = conffiles.compose([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))], "bench")
         config = OmegaConf.to_object(cfg)
         check(config, external=True)
     except (ConfigError, ValueError) as e:

@@ -6,14 +6,14 @@ import dataclasses
 import sys
 
 import hydra
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ringexp import conffiles
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
-from ringexp.errors import ConfigError, one_line, print_error
+from ringexp.errors import ConfigError, print_error
 from ringexp.launch import as_rank, refused_elsewhere
 from ringexp.plan import accuracy, calibrate, predict
 from ringexp.plan.config import PlanConfig
@@ -44,26 +44,14 @@ def resolved(cfg, path: str) -> PlanConfig:
             cfg.cluster = clusters.read(path, over=cfg.cluster)
         return OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise composition_error(e) from None
-
-
-def composition_error(e: Exception) -> ConfigError:
-    """Hydra's or OmegaConf's error as one line: its first line only names the override ("Error merging override
-    x=.inf"); its cause says what is wrong."""
-    cause = f": {one_line(str(e.__cause__))}" if e.__cause__ else ""
-    return ConfigError(one_line(str(e)).rstrip(".") + cause)
+        raise conffiles.composition_error(e) from None
 
 
 def load(args: list) -> tuple:
     """(PlanConfig, training overrides) of the planner's KEY=VALUE arguments, composed without Hydra's app (a
     non-zero rank of calibrate, the README's check)."""
     plan, train, path = split(args)
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose("plan", overrides=plan)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise composition_error(e) from None
-    return resolved(cfg, path), train
+    return resolved(conffiles.compose(plan, "plan"), path), train
 
 
 def app(command: str | None, args: list) -> None:
@@ -106,10 +94,11 @@ def main() -> None:
         if command is None and not any(a in HELP for a in args):
             raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
         rest = args[1:] if command else args
-        if command == "calibrate":
-            as_rank(lambda: app(command, rest), lambda: other_rank(rest))
-        else:
-            app(command, rest)
+        with conffiles.gate():  # every option file Hydra composes, checked as it reads it (ringexp.conffiles)
+            if command == "calibrate":
+                as_rank(lambda: app(command, rest), lambda: other_rank(rest))
+            else:
+                app(command, rest)
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)

@@ -71,6 +71,9 @@ def checked(cfg, train: list):
     app: TuneApp = OmegaConf.to_object(cfg)  # (its schema is registered by ringexp.tune.config)
     tc = app.tune
     space.knobs(tc.knobs)
+    if swept := conffiles.sweeps(train):
+        raise ConfigError(f"{swept[0]}: a sweep; the tune runs one directory and sweeps itself (tune.presets, "
+                          "tune.knobs): give one value")
     conffiles.check(train)
     return tc
 
@@ -150,7 +153,11 @@ def main(argv=None) -> int:
         code[0] = start(cfg, train, args)
 
     try:
-        app()
+        with conffiles.gate():  # every option file Hydra composes, checked as it reads it (ringexp.conffiles)
+            app()
+    except ConfigError as e:
+        print_error(str(e))
+        return 2
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     finally:
