@@ -11,7 +11,6 @@ first).
 """
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +22,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ringexp import checkpoint, records
 from ringexp.errors import ConfigError, print_error
 
-_created = {}  # {resolved run directory: the topmost directory this command creates for it, None if it existed}
+_created = {}  # {resolved run directory: (the topmost directory this command creates for it, None if it existed;
+#               the job log files it will write there)}
 
 
 class RunDirGuard(Callback):
@@ -36,6 +36,8 @@ class RunDirGuard(Callback):
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         guard("hydra.run.dir", run_dir)
         guard_files(config, str(run_dir), first_job=False)
+        if Path(run_dir).resolve() in _created:  # (what undo may take away again)
+            _created[Path(run_dir).resolve()][1].extend(path for _, path in log_files(config, str(run_dir), False))
 
     def on_multirun_start(self, config, **kwargs) -> None:
         HydraConfig.instance().set_config(config)
@@ -119,7 +121,7 @@ def guard(key: str, path, note: bool = True) -> None:
         print_error(str(e))
         sys.exit(2)
     if note:
-        _created[Path(path).resolve()] = top
+        _created[Path(path).resolve()] = (top, [])
 
 
 def check(key: str, path: str):
@@ -144,11 +146,24 @@ def unwritable(path: Path) -> tuple:
 
 
 def undo(run_dir) -> None:
-    """A command refused before its run started: remove the directories it created (nothing, if it found the run
-    directory there already)."""
-    top = _created.pop(Path(run_dir).resolve(), None)
-    if top is not None:
-        shutil.rmtree(top, ignore_errors=True)
+    """A command refused before its run started: take away what it created, and only that (nothing, if it found the
+    run directory there already): its lock and job log in the run directory, then each directory it created, from
+    the run directory up, while it is empty. Another run started meanwhile in a folder this command created (two
+    runs of one minute under outputs/runs/<date>/) stays whole, and so does anything else put there."""
+    run = Path(run_dir).resolve()
+    top, logs = _created.pop(run, (None, []))
+    if top is None:
+        return
+    for path in [run / records.LOCK, *map(Path, logs)]:
+        if path.parent.resolve() == run and not path.is_symlink() and path.is_file():
+            path.unlink()
+    for folder in [run, *run.parents]:
+        if not folder.is_relative_to(Path(top).resolve()):
+            return
+        try:
+            folder.rmdir()  # (only an empty directory)
+        except OSError:
+            return
 
 
 def save_hydra_files(run_dir, cfg) -> None:

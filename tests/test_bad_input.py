@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import ON_OPEN, TINY, refused, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from ringexp import records
 from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError
 from ringexp.train import prepare
@@ -134,6 +135,30 @@ def test_the_cli_prints_a_validation_error_as_one_line_exit_2_and_writes_nothing
     assert not run_dir.exists() and not run_dir.parent.joinpath("run").exists(), list(tmp_path.rglob("*"))
 
 
+def test_a_refused_command_takes_away_only_what_it_created(tmp_path):
+    """Refused, a command takes away the folders it created for its run (outputs/runs/<date>/<time>): only its own
+    files, and only folders left empty. A second run that started meanwhile in a folder this one created (the same
+    <date>) keeps its .hydra/, config, log and lock."""
+    mine, other = tmp_path / "runs" / "date" / "mine", tmp_path / "runs" / "date" / "other"
+
+    def second_run():  # starts beside this one as this one takes its lock
+        (other / ".hydra").mkdir(parents=True)
+        for name in (".hydra/config.yaml", "config.yaml", "train.log", records.LOCK):
+            (other / name).write_text(name)
+
+    ON_OPEN[str(mine / records.LOCK)] = second_run
+    try:
+        r = refused(mine, *TINY, "profile.steps=0")
+    finally:
+        ON_OPEN.clear()
+    assert r.returncode == 2 and "profile" in r.stderr
+    assert not mine.exists(), list(mine.rglob("*"))
+    assert sorted(p.relative_to(other).as_posix() for p in other.rglob("*")) == [
+        ".hydra", ".hydra/config.yaml", records.LOCK, "config.yaml", "train.log"]
+    refused(tmp_path / "alone" / "run", *TINY, "profile.steps=0")
+    assert not (tmp_path / "alone").exists()  # alone, it takes away every folder it made
+
+
 COMPOSITION = [
     (["+parallel=nope"], "Available options in 'parallel'"),
     (["amp=fp32"], "Available options in 'amp'"),
@@ -162,6 +187,28 @@ def test_the_cli_keeps_hydras_short_message_for_composition_errors(overrides, wo
     # Hydra's message lists a group's options one a line: short is the options and a few lines more
     options = max(len(list(p.glob("*.yaml"))) for p in Path(CONF_DIR).iterdir() if p.is_dir())
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < options + 10, r.stderr
+
+
+def test_a_glob_sweep_of_option_files_is_expanded_by_hydra_without_a_traceback(tmp_path):
+    """`-m '+experiment=glob(...)'`: the options are the group's, which only Hydra's sweeper lists (a check that
+    expanded the sweep itself raised "ConfigLoader is not set"); every job is still checked as it is composed."""
+    r = run_cli(tmp_path / "sweep", "-m", "+experiment=glob(backend_gl*)", *TINY, "profile.steps=0",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert "Traceback" not in r.stderr and "Launching 1 jobs" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert "profile" in r.stderr  # (the job ran, and was refused: profile.steps must be >= 1)
+
+
+@pytest.mark.parametrize("program", [["ringexp.tune", "tune.out={out}", "sweeps itself"],
+                                     ["ringexp.plan", "predict", "cluster=local_2x1_100mbit", "multirun"]])
+@pytest.mark.parametrize("sweep", ["compression=glob(*)", "compression=fp16,bf16"])
+def test_a_sweep_among_the_training_overrides_of_the_tune_or_the_planner_is_one_line(tmp_path, program, sweep):
+    """Both compose the training overrides inside their own Hydra app, which reported Hydra's refusal as a failed
+    job (exit 1, "Error executing job")."""
+    args = [program[0], *(a.format(out=tmp_path / "tune") for a in program[1:-1]), sweep]
+    r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("ringexp: error:")]
+    assert r.returncode == 2 and len(lines) == 1 and program[-1] in lines[0], r.stderr[-2000:]
+    assert "Error executing job" not in r.stderr and not (tmp_path / "tune").exists()
 
 
 def test_under_torchrun_a_validation_error_is_printed_once(tmp_path):
