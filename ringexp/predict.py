@@ -9,6 +9,7 @@ predicted columns, the tune's ranking): one function per question, so that no tw
     over_steps(..., first, last)                    the same over a run's steps, its uncompressed first ones included
     quality_of(path, task), judged(...)             the quality verdicts a configuration is judged by: a record's,
                                                     only of the same task (quality.task_of), only decisive ones
+    differences(theirs, ours, both)                 the fields two tasks differ in, with both values
 """
 
 import subprocess
@@ -167,8 +168,15 @@ def task_differences(theirs, ours: dict) -> str:
     they are the same task. Leaves are compared as JSON writes them (1 is not 1.0, nor true)."""
     if theirs is None:
         return "the record names none: its runs are from before runs recorded their task"
-    differ = list(_differing(theirs, _as_written(ours), ""))
-    said = "; ".join(f"{key}: {_shown(a)} in the record, {_shown(b)} here" for key, a, b in differ[:SHOWN])
+    return differences(theirs, _as_written(ours), lambda a, b: f"{a} in the record, {b} here")
+
+
+def differences(theirs: dict, ours: dict, both) -> str:
+    """The first SHOWN leaves where two tasks (or two runs' versions) differ, each as 'key: ' and both(their value,
+    our value) shown ('' where they are the same): the planner's record against its task, and compare's runs
+    against their baseline's."""
+    differ = list(_differing(theirs, ours, ""))
+    said = "; ".join(f"{key}: {both(_shown(a), _shown(b))}" for key, a, b in differ[:SHOWN])
     return said + (f"; and {len(differ) - SHOWN} more" if len(differ) > SHOWN else "")
 
 

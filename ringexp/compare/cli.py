@@ -60,7 +60,8 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
     if judged is not None and groups is None and all(r["seeds"] < 2 for r in judged.rows):
         judged = None
     if judged is not None:
-        words = {id(run): row["quality"] for row in judged.rows for run in row["_runs"]}
+        words = {id(run): "left out" for row in judged.rows for run, _, _ in row["_left_out"]}
+        words |= {id(run): row["quality"] for row in judged.rows for run in row["_runs"]}
         for r in rows:
             r["quality"] = words.get(id(r["_run"]))
     if out is not None:
@@ -80,13 +81,10 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
 
 
 def judge_groups(runs, rows, base: int, margin: float):
-    """The seed groups' report against the group that holds the baseline row; each row also gets its group's
-    runs (`_runs`), for the per-run quality column and W&B."""
+    """The seed groups' report against the group that holds the baseline row (each row's `_runs`, the runs in its
+    numbers and verdict, and `_left_out` serve the per-run quality column and W&B)."""
     groups = seeds.seed_groups(runs)
-    judged = seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
-    for g, row in zip(groups, judged.rows, strict=True):
-        row["_runs"] = g.runs
-    return judged
+    return seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
 
 
 def to_wandb(judged) -> None:
