@@ -153,12 +153,17 @@ def quality_of(path, task: dict) -> dict:
         raise ConfigError(f"quality={path}: its verdicts are of another task ({differ}); measure this one with a seed "
                           "sweep (docs/sweeps.md) or python -m ringexp.tune, or leave quality= out")
     base = next(set(g["overrides"]) for g in record["groups"] if g["baseline"])
-    out = {}
+    out, by = {}, {}
     for g in record["groups"]:
         extra = set(g["overrides"]) - base
         if len(extra) == 1 and (name := extra.pop()).startswith("+parallel=") and \
                 base - set(g["overrides"]) <= {"+parallel=ddp"}:
-            out[name.removeprefix("+parallel=")] = g["verdicts"].get(record["metric"])
+            preset = name.removeprefix("+parallel=")
+            if preset in by:  # (else the last would win: a verdict planted after the measured one)
+                raise ConfigError(f"quality={path}: two verdicts for preset {quality.named(preset)} (groups "
+                                  f"{quality.named(by[preset])} and {quality.named(g['group'])}); give compare's "
+                                  "quality.json as compare wrote it")
+            out[preset], by[preset] = g["verdicts"].get(record["metric"]), g["group"]
     return out
 
 
