@@ -9,6 +9,7 @@ predicted columns, the tune's ranking): one function per question, so that no tw
     over_steps(..., first, last)                    the same over a run's steps, its uncompressed first ones included
     quality_of(path, task), judged(...)             the quality verdicts a configuration is judged by: a record's,
                                                     only of the same task (quality.task_of), only decisive ones
+    differences(theirs, ours, both)                 the fields two tasks differ in, with both values
 """
 
 import subprocess
@@ -152,12 +153,17 @@ def quality_of(path, task: dict) -> dict:
         raise ConfigError(f"quality={path}: its verdicts are of another task ({differ}); measure this one with a seed "
                           "sweep (docs/sweeps.md) or python -m ringexp.tune, or leave quality= out")
     base = next(set(g["overrides"]) for g in record["groups"] if g["baseline"])
-    out = {}
+    out, by = {}, {}
     for g in record["groups"]:
         extra = set(g["overrides"]) - base
         if len(extra) == 1 and (name := extra.pop()).startswith("+parallel=") and \
                 base - set(g["overrides"]) <= {"+parallel=ddp"}:
-            out[name.removeprefix("+parallel=")] = g["verdicts"].get(record["metric"])
+            preset = name.removeprefix("+parallel=")
+            if preset in by:  # (else the last would win: a verdict planted after the measured one)
+                raise ConfigError(f"quality={path}: two verdicts for preset {quality.named(preset)} (groups "
+                                  f"{quality.named(by[preset])} and {quality.named(g['group'])}); give compare's "
+                                  "quality.json as compare wrote it")
+            out[preset], by[preset] = g["verdicts"].get(record["metric"]), g["group"]
     return out
 
 
@@ -167,8 +173,15 @@ def task_differences(theirs, ours: dict) -> str:
     they are the same task. Leaves are compared as JSON writes them (1 is not 1.0, nor true)."""
     if theirs is None:
         return "the record names none: its runs are from before runs recorded their task"
-    differ = list(_differing(theirs, _as_written(ours), ""))
-    said = "; ".join(f"{key}: {_shown(a)} in the record, {_shown(b)} here" for key, a, b in differ[:SHOWN])
+    return differences(theirs, _as_written(ours), lambda a, b: f"{a} in the record, {b} here")
+
+
+def differences(theirs: dict, ours: dict, both) -> str:
+    """The first SHOWN leaves where two tasks (or two runs' versions) differ, each as 'key: ' and both(their value,
+    our value) shown ('' where they are the same): the planner's record against its task, and compare's runs
+    against their baseline's."""
+    differ = list(_differing(theirs, ours, ""))
+    said = "; ".join(f"{key}: {both(_shown(a), _shown(b))}" for key, a, b in differ[:SHOWN])
     return said + (f"; and {len(differ) - SHOWN} more" if len(differ) > SHOWN else "")
 
 

@@ -39,7 +39,8 @@ SLACK = 1e-9  # a difference may lie this far past its interval's end: the mean 
 ALPHA = 0.05  # each one-sided test's level: the equivalence interval is the 90% one
 MIN_SEEDS = 2  # paired seeds a decision needs (the t interval over seeds is exact from 2 under normal differences)
 INDICATIVE = "one seed (indicative)"  # what a verdict on fewer seeds is called wherever a decision would be shown
-FORMAT = 2  # quality.json's format: 2 records the task and, per verdict, its seeds and its equivalence level
+FORMAT = 3  # quality.json's format: 2 recorded the task and, per verdict, its seeds and its equivalence level; 3 only
+# pairs runs of the baseline's task and code versions, one per seed, and names the runs it left out
 
 
 @dataclass(frozen=True)
@@ -219,10 +220,11 @@ def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margi
 
 
 def read_record(path) -> dict:
-    """quality.json as compare writes it (compare.groups' Report.write: {"margin", "metric", "groups": [{"group",
-    "baseline", "overrides", "verdicts": {metric: Verdict.record() or null}, ...}]}), every group and verdict
-    checked (record_error); OSError, or ValueError naming the group and the entry. `path` is the one the user named
-    (quality=): it may be a symlink."""
+    """quality.json as compare writes it (compare.groups' Report.write: {"format", "task", "margin", "metric",
+    "groups": [{"group", "baseline", "overrides", "seeds", "left_out", "verdicts": {metric: Verdict.record() or
+    null}, ...}]}), every group and verdict checked (record_error): the one reader of the file (the planner's
+    quality=). OSError, or ValueError naming the group and the entry. `path` is the one the user named (quality=):
+    it may be a symlink."""
     doc = records.parse_json(records.read_bytes(path, follow=True))
     if bad := record_error(doc):
         raise ValueError(bad)
@@ -231,12 +233,13 @@ def read_record(path) -> dict:
 
 def record_error(doc) -> str:
     """What makes `doc` no record of verdicts that hold together ('' when nothing does): its shape, then each
-    group's and each of its verdicts' (verdict_error), then exactly one baseline group."""
+    group's and each of its verdicts' (verdict_error), then across the groups (groups_error)."""
     if not isinstance(doc, dict):
         return f"holds {_kind(doc)}, not a record of verdicts (an object with margin, metric and groups)"
     if doc.get("format") != FORMAT:
-        return (f"format is {_kind(doc.get('format'))}, not {FORMAT}: a record of an unknown format (an older one has "
-                "no task); run compare on the seed sweep again to write it")
+        return (f"format is {_kind(doc.get('format'))}, not {FORMAT}: a record of an unknown format (format 1 has no "
+                "task; format 2 may pair runs of another task or code version); run compare on the seed sweep again "
+                "to write it")
     if doc.get("task") is not None and not isinstance(doc["task"], dict):
         return f"task is {_kind(doc['task'])}, not the task the verdicts were measured on (an object) or null"
     if not _margin(doc.get("margin")):
@@ -248,24 +251,60 @@ def record_error(doc) -> str:
     for i, g in enumerate(doc["groups"]):
         if bad := group_error(g):
             name = g.get("group") if isinstance(g, dict) else None
-            return f"{f'group {_named(name)}' if isinstance(name, str) else f'groups[{i}]'}: {bad}"
-    baselines = sum(g["baseline"] for g in doc["groups"])
-    return "" if baselines == 1 else f"{baselines} groups are marked baseline; a record has one"
+            return f"{f'group {named(name)}' if isinstance(name, str) else f'groups[{i}]'}: {bad}"
+    return groups_error(doc["groups"])
+
+
+def groups_error(groups: list) -> str:
+    """What the groups, each sound, say that no compare run wrote: other than one baseline, two groups of one
+    configuration (two verdicts for it, of which a reader would take one), or a verdict on more or fewer paired
+    seeds than its group and the baseline's list in common (a count raised to make an indication a decision)."""
+    baselines = [g for g in groups if g["baseline"]]
+    if len(baselines) != 1:
+        return f"{len(baselines)} groups are marked baseline; a record has one"
+    seen = {}
+    for g in groups:
+        if (key := frozenset(g["overrides"])) in seen:
+            return (f"groups {named(seen[key])} and {named(g['group'])} have the same overrides: two verdicts for one "
+                    "configuration")
+        seen[key] = g["group"]
+    base = set(baselines[0]["seeds"])
+    for g in groups:
+        paired = sorted(base.intersection(g["seeds"]))
+        for metric, v in g["verdicts"].items():
+            if v is not None and v["seeds"] != len(paired):
+                return (f"group {named(g['group'])}: {named(metric)}: seeds is {v['seeds']}, but the group and the "
+                        f"baseline list {len(paired)} seed{'' if len(paired) == 1 else 's'} in common "
+                        f"({', '.join(map(named, paired)) or 'none'})")
+    return ""
 
 
 def group_error(g) -> str:
     if not isinstance(g, dict):
         return f"{_kind(g)}, not a group (an object)"
+    if not isinstance(g.get("group"), str):
+        return f"group is {_kind(g.get('group'))}, not its label (text)"
     if not isinstance(g.get("baseline"), bool):
         return f"baseline is {_kind(g.get('baseline'))}, not true or false"
     if not isinstance(g.get("overrides"), list) or not all(isinstance(o, str) for o in g["overrides"]):
         return f"overrides is {_kind(g.get('overrides'))}, not a list of text"
+    seeds = g.get("seeds")
+    if not isinstance(seeds, list) or not all(isinstance(s, str) for s in seeds) or len(set(seeds)) < len(seeds):
+        return f"seeds is {_kind(seeds)}, not a list of its runs' seeds, each once"
+    if not isinstance(g.get("left_out"), list) or not all(map(_left_out, g["left_out"])):
+        return f"left_out is {_kind(g.get('left_out'))}, not a list of runs left out ({{dir, seed, why}})"
     if not isinstance(g.get("verdicts"), dict):
         return f"verdicts is {_kind(g.get('verdicts'))}, not an object of verdicts by metric"
     for metric, v in g["verdicts"].items():
         if v is not None and (bad := verdict_error(v)):
-            return f"{_named(metric)}: {bad}"
+            return f"{named(metric)}: {bad}"
     return ""
+
+
+def _left_out(x) -> bool:
+    """An entry of a group's left_out: the run's directory, its seed (null where unknown) and why."""
+    return (isinstance(x, dict) and isinstance(x.get("dir"), str) and isinstance(x.get("why"), str)
+            and (x.get("seed") is None or isinstance(x["seed"], str)))
 
 
 def verdict_error(v) -> str:
@@ -316,7 +355,7 @@ def _margin(x) -> bool:
     return _number(x) and 0 <= x < 1
 
 
-def _named(text: str) -> str:
+def named(text: str) -> str:
     """A name from the record in a message: quoted, and cut short (a label may be as long as the overrides)."""
     return ascii(text if len(text) <= 80 else text[:79] + "~")
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, TINY, run_cli, within
 from omegaconf import OmegaConf
 
-from ringexp import compare, records
+from ringexp import compare, quality, records
 from ringexp.compare import cells, groups, load_local, report, unflatten
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -282,6 +282,24 @@ def test_a_run_directory_whose_name_is_not_utf8_is_listed_by_its_escaped_name(tm
     assert compare.main([str(sweep)]) == 0
     assert f"{sweep}/\\xff/summary.json: unreadable (holds a list, not a summary)" in (sweep / "compare.md").read_text()
 
+
+@pytest.mark.slow
+def test_a_real_run_killed_before_its_summary_is_listed_and_named_in_its_group(tmp_path, real_run, capsys):
+    """A copy of a real run without its summary.json (what a run killed with everything it started leaves): it is
+    found by the files ringexp.train writes before it launches, listed among the runs that did not complete, and
+    named in its seed group (under the table and in quality.json) instead of vanishing from both."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(real_run, sweep / "0")
+    shutil.copytree(real_run, sweep / "1")
+    (sweep / "1" / "summary.json").unlink()
+    assert compare.main([str(sweep), "--groups"]) == 0
+    out = capsys.readouterr().out
+    why = "no summary.json: the run was killed before it finished, or is still running"
+    assert f"FAILED (all the same): {why}" in out.splitlines(), out
+    [group] = quality.read_record(sweep / quality.FILE)["groups"]
+    assert group["seeds"] == ["0"] and group["left_out"] == [{"dir": str(sweep / "1"), "seed": "0",
+                                                               "why": f"unfinished: {why}"}]
+    assert f"- `(all the same)`: {sweep / '1'} (seed 0): unfinished: {why}" in out
 
 # Seed groups: summaries written the way ringexp writes them (records.write_summary, with the keys of
 # Recorder.summary that compare reads), no training run.

@@ -218,13 +218,14 @@ def plan_task() -> dict:
 
 
 def record(topk) -> dict:
-    """compare's quality.json (format 2, of PLAN's task): the ddp baseline, ring_fp16 equivalent, and ddp_topk's
-    verdict `topk`."""
+    """compare's quality.json (of PLAN's task): the ddp baseline, ring_fp16 equivalent, and ddp_topk's verdict
+    `topk`, each group of seeds 0, 1 and 2."""
     groups = [{"group": "+parallel=ddp", "baseline": True, "overrides": [*TASK, "+parallel=ddp"], "verdicts": {}},
               {"group": "+parallel=ring_fp16", "baseline": False, "overrides": [*TASK, "+parallel=ring_fp16"],
                "verdicts": {"final AUROC": verdict(0.001, [-0.004, 0.006], [-0.003, 0.005])}},
               {"group": "+parallel=ddp_topk", "baseline": False, "overrides": [*TASK, "+parallel=ddp_topk"],
                "verdicts": {"final AUROC": topk, "final F1": verdict(-0.01, [-0.05, 0.03], [-0.04, 0.02])}}]
+    groups = [g | {"seeds": ["0", "1", "2"], "left_out": []} for g in groups]
     return {"format": quality.FORMAT, "task": plan_task(), "margin": 0.02, "metric": "final AUROC", "groups": groups}
 
 
@@ -264,11 +265,28 @@ BAD_RECORDS = [
     ("a group that is a string", lambda d: d["groups"].append("+parallel=fsdp"), "groups[3]: '+parallel=fsdp', not a"),
     ("groups an object", lambda d: d.update(groups={"+parallel=ddp": {}}), "groups is a dict, not a list"),
     ("two baselines", lambda d: d["groups"][1].update(baseline=True), "2 groups are marked baseline"),
+    ("one configuration twice", lambda d: d["groups"].append(d["groups"][2] | {"group": "+parallel=ddp_topk again",
+                                                                              "verdicts": {}}),
+     "groups '+parallel=ddp_topk' and '+parallel=ddp_topk again' have the same overrides: two verdicts for one "
+     "configuration"),
+    ("one preset twice", lambda d: d["groups"].append(d["groups"][1] | {
+        "group": "+parallel=ddp +parallel=ddp_topk", "overrides": [*TASK, "+parallel=ddp", "+parallel=ddp_topk"]}),
+     "two verdicts for preset 'ddp_topk' (groups '+parallel=ddp_topk' and '+parallel=ddp +parallel=ddp_topk')"),
+    ("seed count raised past the seeds in common", lambda d: d["groups"][2].update(seeds=["0"]),
+     TOPK + "seeds is 3, but the group and the baseline list 1 seed in common ('0')"),
+    ("seed count past the runs", lambda d: topk_entry(d).update(seeds=5, test="5 paired seeds"),
+     TOPK + "seeds is 5, but the group and the baseline list 3 seeds in common ('0', '1', '2')"),
+    ("a seed listed twice", lambda d: d["groups"][2].update(seeds=["0", "1", "1"]),
+     "group '+parallel=ddp_topk': seeds is a list of 3, not a list of its runs' seeds, each once"),
+    ("no left_out", lambda d: d["groups"][1].pop("left_out") and None,
+     "group '+parallel=ring_fp16': left_out is null, not a list of runs left out"),
     ("a list, not a record", lambda d: [d], "holds a list of 1, not a record of verdicts"),
     ("no margin", lambda d: d.pop("margin") and None, "margin is null, not a number in [0, 1)"),
-    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 2: a record of an unknown"),
-    ("a format to come", lambda d: d.update(format=3), "format is 3, not 2: a record of an unknown format"),
-    ("format as text", lambda d: d.update(format="2"), "format is '2', not 2"),
+    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 3: a record of an unknown"),
+    ("format 2 (may pair runs of another task)", lambda d: d.update(format=2), "format is 2, not 3: a record of an "
+     "unknown format (format 1 has no task; format 2 may pair runs of another task or code version)"),
+    ("a format to come", lambda d: d.update(format=4), "format is 4, not 3: a record of an unknown format"),
+    ("format as text", lambda d: d.update(format="3"), "format is '3', not 3"),
     ("task a list", lambda d: d.update(task=["small_cnn"]), "task is a list of 1, not the task the verdicts"),
     ("another task", lambda d: d["task"]["model"].update(width=8),
      "its verdicts are of another task (model.width: 8 in the record, 32 here)"),
@@ -294,7 +312,7 @@ def test_a_sound_quality_record_is_read_as_it_was_written(tmp_path, monkeypatch,
     assert "+parallel=ddp_topk" not in got["recommended"]
     shipped = Path(ROOT, "docs", "results", "cluster-story-quality.json")
     assert len(records.read_json(shipped)["groups"]) == 11
-    with pytest.raises(ValueError, match="format is null, not 2"):
+    with pytest.raises(ValueError, match="format is null, not 3"):
         quality.read_record(shipped)
 
 

@@ -425,19 +425,21 @@ def plan_task(*train, nodes=2, ranks=4) -> dict:
 
 
 def quality_record(path, task=None, one_seed=(), **diffs):
-    """compare's quality.json (format 2) of `task` (default: the plan's) with a verdict per preset from paired
-    differences over 3 seeds, or for a preset in `one_seed` a validation-set verdict of one shared seed (a
-    bootstrap's interval: as narrow as three seeds', but an indication only)."""
-    overrides = ["model.width=32"]  # what every group of the record shares
-    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}, "overrides": ["+parallel=ddp", *overrides]}]
+    """compare's quality.json of `task` (default: the plan's) with a verdict per preset from paired differences over
+    3 seeds, or for a preset in `one_seed` a validation-set verdict of one shared seed (a bootstrap's interval: as
+    narrow as three seeds', but an indication only)."""
+    overrides, seeds = ["model.width=32"], ["0", "1", "2"]  # what every group of the record shares
+    groups = [{"group": "+parallel=ddp", "baseline": True, "verdicts": {}, "overrides": ["+parallel=ddp", *overrides],
+               "seeds": seeds, "left_out": []}]
     for name, d in diffs.items():
         v = quality.paired_seeds([d - 0.002, d, d + 0.002], 0.02)
         if name in one_seed:
             v = dataclasses.replace(v, test="validation-set bootstrap, seed 0 vs 0", seeds=1)
         groups.append({"group": f"+parallel={name}", "baseline": False, "overrides": [*overrides, f"+parallel={name}"],
-                       "verdicts": {"final AUROC": v.record()}})
+                       "verdicts": {"final AUROC": v.record()}, "seeds": seeds[:v.seeds], "left_out": []})
     groups.append({"group": "+parallel=ddp_topk compression.ratio=0.001", "baseline": False,  # not a preset alone
-                   "overrides": [*overrides, "+parallel=ddp_topk", "compression.ratio=0.001"],
+                   "overrides": [*overrides, "+parallel=ddp_topk", "compression.ratio=0.001"], "seeds": seeds,
+                   "left_out": [],
                    "verdicts": {"final AUROC": quality.paired_seeds([0.0, 0.001, 0.002], 0.02).record()}})
     records.write_json(path, {"format": quality.FORMAT, "task": plan_task() if task is None else task,
                               "margin": 0.02, "metric": "final AUROC", "groups": groups})
@@ -586,11 +588,11 @@ def test_a_record_of_another_task_is_one_line_naming_what_differs_and_nothing_is
 def test_a_record_of_an_older_format_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """The shipped slow-link story's record (format 1: no task, ci90) is a result, never a verdict predict uses: one
     line, exit 2; so is a record of a format to come."""
-    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 2"),
-                         (tmp_path / "q3.json", "format is 3, not 2")):
+    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 3"),
+                         (tmp_path / "q4.json", "format is 4, not 3")):
         if record.parent == tmp_path:
             doc = json.loads(quality_record(record, ring_fp16=0.001).read_text())
-            records.write_json(record, doc | {"format": 3})
+            records.write_json(record, doc | {"format": 4})
         out = tmp_path / "out"
         line = plan_refusal(monkeypatch, capsys, ["predict", *PLAN_Q, f"quality={record}", f"out={out}"])
         assert line.startswith(f"ringexp: error: quality={record}: {said}: a record of an unknown format"), line

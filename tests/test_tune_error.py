@@ -18,6 +18,7 @@ from ringexp.tune.config import TuneConfig
 SD = 0.008  # paired difference between a candidate's and the baseline's final AUROC on one seed
 SEED_SD = 0.01  # the baseline's own seed-to-seed spread (the pairing takes it out)
 MARGIN = 0.02
+TASK = {"model": "simulated"}  # every run's: verdicts pair only runs of the baseline's task
 
 
 class Sim:
@@ -35,7 +36,8 @@ class Sim:
             ok = self.rng.random() >= self.crash
             auroc = self.base_auroc[i] + (0.0 if c is None else self.effects[name] + SD * self.rng.standard_normal())
             self.runs[name, i] = {"status": "completed" if ok else "crashed", "candidate": name, "seed": i,
-                                  "dir": f"{name}/{i}", "summary": {"final": {"auroc_macro": auroc}, "best": {}}}
+                                  "dir": f"{name}/{i}", "summary": {"final": {"auroc_macro": auroc}, "best": {},
+                                                                    "task": TASK}}
         return self.runs[name, i]
 
     def pair(self, name: str):

@@ -5,6 +5,7 @@ own docstring, in cli, says what it does). The package, by concern:
     table    the runs' table: labels, the baseline, the columns, the backend's variables, the predicted columns
     render   compare.md, the terminal table, compare.csv and the plots
     groups   seed groups, their quality verdicts and time to target; groups.csv and quality.json
+    members  which runs a seed group holds (the baseline's task and code versions, one per seed), and why the others not
     cells    how a value is written as a table's cell
     cli      the command: its flags, report(), the verdicts into W&B, the sweep's Hydra callback SweepReport
 

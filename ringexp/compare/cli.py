@@ -12,17 +12,18 @@ a symlink planted there is replaced, never written through. Every sweep of `ring
 written into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
 
 Seed groups (ringexp.compare.groups; always where a group has several seeds, else with `--groups`): the completed
-runs whose overrides are the same but for `seed=` (a run without one has the schema's default seed), one row each
-with the mean and sample standard deviation over its runs, the speed-up of its mean whole-run throughput and its
-time to each eval.targets macro-AUROC against the group holding the baseline row (a ratio only where every seed
-reached it), and its quality verdict against that group (ringexp.quality: *equivalent*, *better*, *worse*, *not
-equivalent* or *inconclusive*, with the interval it was decided on; `--quality-budget`, by default
-ringexp.quality.MARGIN, is the margin): over the seeds both share when they share two or more, else on the
-validation set from one run of each, which is labelled *one seed (indicative)*: it leaves out the seeds' variance.
-The table goes into compare.md, its numbers into groups.csv and the verdicts into quality.json (what the planner's
-`predict` reads); with `--wandb` each run's verdict goes into its W&B summary too.
-`--fastest CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with
-the highest mean throughput, for a shell script to use; it writes nothing.
+runs whose overrides are the same but for `seed=` (a run without one has the schema's default seed), of the baseline
+group's task and code versions, one per seed (ringexp.compare.members; every other run with those overrides is named
+as left out, with why), one row each with the mean and sample standard deviation over its runs, the speed-up of its
+mean whole-run throughput and its time to each eval.targets macro-AUROC against the group holding the baseline row
+(a ratio only where every seed reached it), and its quality verdict against that group (ringexp.quality:
+*equivalent*, *better*, *worse*, *not equivalent* or *inconclusive*, with the interval it was decided on;
+`--quality-budget`, by default ringexp.quality.MARGIN, is the margin): over the seeds both share when they share two
+or more, else on the validation set from one run of each, which is labelled *one seed (indicative)*: it leaves out
+the seeds' variance. The table goes into compare.md, its numbers into groups.csv and the verdicts into quality.json
+(what the planner's `predict` reads); with `--wandb` each run's verdict goes into its W&B summary too. `--fastest
+CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with the highest
+mean throughput, for a shell script to use; it writes nothing.
 
 This module is the command: its flags (main), the report it writes (report), the seed groups' verdicts in the
 report and in W&B, and the sweep's Hydra callback (SweepReport). The runs are read by ringexp.compare.load, made
@@ -60,7 +61,8 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
     if judged is not None and groups is None and all(r["seeds"] < 2 for r in judged.rows):
         judged = None
     if judged is not None:
-        words = {id(run): row["quality"] for row in judged.rows for run in row["_runs"]}
+        words = {id(run): "left out" for row in judged.rows for run, _, _ in row["_left_out"]}
+        words |= {id(run): row["quality"] for row in judged.rows for run in row["_runs"]}
         for r in rows:
             r["quality"] = words.get(id(r["_run"]))
     if out is not None:
@@ -80,13 +82,10 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
 
 
 def judge_groups(runs, rows, base: int, margin: float):
-    """The seed groups' report against the group that holds the baseline row; each row also gets its group's
-    runs (`_runs`), for the per-run quality column and W&B."""
+    """The seed groups' report against the group that holds the baseline row (each row's `_runs`, the runs in its
+    numbers and verdict, and `_left_out` serve the per-run quality column and W&B)."""
     groups = seeds.seed_groups(runs)
-    judged = seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
-    for g, row in zip(groups, judged.rows, strict=True):
-        row["_runs"] = g.runs
-    return judged
+    return seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
 
 
 def to_wandb(judged) -> None:

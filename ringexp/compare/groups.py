@@ -4,7 +4,8 @@ baseline's group.
     seed_groups(runs)                     the groups, in the order of each one's first run
     judge(group, base, margin, alpha)     {metric: Verdict} on QUALITY, from the seeds both share (two or more:
                                           paired over seeds), else from one run each on the validation set (an
-                                          indication only: quality.Verdict.decisive); none across two tasks
+                                          indication only: quality.Verdict.decisive); only over the runs of the
+                                          baseline's task and code versions, one per seed (ringexp.compare.members)
     report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
                                           write() makes groups.csv and quality.json (what the planner reads)
 
@@ -35,6 +36,7 @@ import torch
 
 from ringexp import metrics, quality, records
 from ringexp.compare.cells import aligned, fmt, markdown_table
+from ringexp.compare.members import admitted, reference, stopped, where
 from ringexp.config import TrainConfig
 from ringexp.errors import one_line
 from ringexp.summary import is_text
@@ -61,12 +63,15 @@ AGREE = 1e-4  # how far a metric recomputed from val_scores.pt may lie from the 
 class Group:
     """Completed runs whose configurations differ only in their seed. `label`: the overrides that differ between
     the groups compared; `overrides`: the group's own (without seed=, name=, hydra.*), in its first run's order;
-    `runs`: load_local's dicts, in path order; `seeds`: each run's seed, as text (its override's value)."""
+    `runs`: load_local's dicts, in path order; `seeds`: each run's seed, as text (its override's value);
+    `left_out`: (run, seed, why) of the runs with its overrides that are not in it (members.admitted): at first
+    those that did not complete."""
 
     label: str
     overrides: tuple
     runs: tuple
     seeds: tuple
+    left_out: tuple = ()
 
     def values(self, column: str) -> list:
         """The runs' numbers of a GROUP_METRICS column; a run that did not record it (no evaluation) left out."""
@@ -110,21 +115,28 @@ def is_seed(override: str) -> bool:
 
 
 def seed_groups(runs) -> list:
-    """The completed runs as seed groups, in the order of each group's first run. A run's overrides are compared
+    """The completed runs as seed groups, in the order of each group's first run; a run with a group's overrides
+    that did not complete (failed, interrupted, no summary.json) in its left_out. A run's overrides are compared
     as a set: Hydra records them in command-line order, which two sweeps of one configuration may not share."""
-    by = {}
+    by, stops = {}, []
     for run in runs:
         s = run["summary"]
-        if s.get("status") != "completed":
-            continue
+        if s.get("status") != "completed" and not isinstance(s.get("overrides"), list):
+            continue  # (unreadable: no group to name it in; the runs' table lists it)
         own = [o for o in s.get("overrides") or [] if not o.startswith(("name=", "hydra."))]
         seed = next((o.split("=", 1)[1] for o in own if is_seed(o)), DEFAULT_SEED)
         rest = [o for o in own if not is_seed(o)]
-        by.setdefault(tuple(sorted(rest)), (rest, []))[1].append((run, seed))
+        if s.get("status") == "completed":
+            by.setdefault(tuple(sorted(rest)), (rest, [], []))[1].append((run, seed))
+        else:
+            stops.append((tuple(sorted(rest)), (run, seed, stopped(s))))
+    for key, entry in stops:
+        if key in by:
+            by[key][2].append(entry)
     common = set.intersection(*map(set, by)) if by else set()
     return [Group(" ".join(o for o in rest if o not in common) or "(all the same)", tuple(rest),
-                  tuple(run for run, _ in members), tuple(seed for _, seed in members))
-            for rest, members in by.values()]
+                  tuple(run for run, _ in members), tuple(seed for _, seed in members), tuple(out))
+            for rest, members, out in by.values()]
 
 
 def group_of(groups, run) -> int | None:
@@ -133,29 +145,30 @@ def group_of(groups, run) -> int | None:
 
 
 def judge(group: Group, base: Group, margin: float, alpha: float = quality.ALPHA) -> tuple:
-    """({metric of QUALITY: Verdict or None}, a note or None) of `group` against `base`: paired over the seeds
-    both have when they share two or more (each one-sided test at `alpha`), else on the validation set from one
-    run of each (the note says so: an indication, never a decision). Runs of two tasks get no verdict."""
-    if (other := task(group)) != (ours := task(base)) and None not in (other, ours):
-        return dict.fromkeys(QUALITY), "another task than the baseline's (quality.task_of differs): no verdict"
-    shared = [s for s in dict.fromkeys(group.seeds) if s in base.seeds]
+    """({metric of QUALITY: Verdict or None}, a note or None) of `group` against `base` (as seed_groups made them),
+    over their runs of the baseline's task and code versions, one per seed (members.admitted): paired over the
+    seeds both have when they share two or more (each one-sided test at `alpha`), else on the validation set from
+    one run of each (the note says so: an indication, never a decision). A baseline whose runs disagree on their
+    task or versions (members.reference) gives no verdict."""
+    ref, why = reference(base)
+    if ref is None:
+        return dict.fromkeys(QUALITY), why
+    group, base = admitted(group, ref), admitted(base, ref)
+    if not group.runs or not base.runs:
+        return dict.fromkeys(QUALITY), f"no run of {'it' if not group.runs else 'the baseline'} left to judge"
+    shared = [s for s in group.seeds if s in base.seeds]
     mine, theirs = group.by_seed(), base.by_seed()
     if len(shared) >= quality.MIN_SEEDS:
         out = {}
-        for m in QUALITY:
+        for m in QUALITY:  # (on every shared seed or none: a verdict's count is the seeds both groups list)
             d = [a - b for s in shared if None not in (a := value(mine[s], m), b := value(theirs[s], m))]
-            out[m] = quality.paired_seeds(d, margin, alpha) if len(d) >= quality.MIN_SEEDS else None
+            out[m] = quality.paired_seeds(d, margin, alpha) if len(d) == len(shared) else None
         return out, None
     seed, other = (shared[0], shared[0]) if shared else (group.seeds[0], base.seeds[0])
     why = f"one shared seed ({seed})" if shared else f"no seed shared with the baseline (seed {seed} against {other})"
     verdicts, missing = on_validation_set(mine[seed], theirs[other], margin, f"seed {seed} vs {other}", len(shared))
     return verdicts, (f"{why}: tested on the validation set, an indication only (it leaves out the seeds' "
                       "variance)" + (f" ({missing})" if missing else ""))
-
-
-def task(group: Group):
-    """The task the group's first run recorded (summary `task`; None for a run from before it was recorded)."""
-    return group.runs[0]["summary"].get("task")
 
 
 def on_validation_set(run: dict, base: dict, margin: float, what: str, seeds: int) -> tuple:
@@ -257,8 +270,9 @@ class Report:
         records.write_json(out / QUALITY_FILE, {"format": quality.FORMAT, "task": self.task, "margin": self.margin,
                                                 "metric": QUALITY[0], "groups": [
             {"group": r["group"], "baseline": i == self.base, "overrides": r["_overrides"], "choices": r["_choices"],
-             "seeds": r["seed values"].split(), "samples_s": r["samples/s"], "speed_up": r["speed-up"],
-             "verdicts": {m: v and v.record() for m, v in r["_verdicts"].items()}, "note": r["_note"]}
+             "seeds": r["_seeds"], "samples_s": r["samples/s"], "speed_up": r["speed-up"],
+             "verdicts": {m: v and v.record() for m, v in r["_verdicts"].items()}, "note": r["_note"],
+             "left_out": [{"dir": where(run), "seed": seed, "why": why} for run, seed, why in r["_left_out"]]}
             for i, r in enumerate(self.rows)]})
 
 
@@ -276,8 +290,12 @@ def cell(row: dict, key: str) -> str:
 
 
 def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA) -> Report:
-    targets = sorted({t["auroc"] for g in groups for r in g.runs for t in r["summary"].get("targets") or []})
-    rows = [summary_row(g, targets) for g in groups]
+    """The rows of `groups` (seed_groups') holding only the runs of the baseline group's task and code versions, one
+    per seed (members.admitted), each with its verdict against the baseline (judge) and the runs it left out."""
+    on, why = reference(groups[base]) if base is not None else (None, "")
+    shown = [admitted(g, on) for g in groups]
+    targets = sorted({t["auroc"] for g in shown for r in g.runs for t in r["summary"].get("targets") or []})
+    rows = [summary_row(g, targets) for g in shown]
     ref = rows[base] if base is not None else {}
     lines = [f"Quality against the baseline ({groups[base].label}): difference with the interval it was decided "
              f"on; equivalent when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g} (two one-sided tests at "
@@ -285,22 +303,32 @@ def report(groups: list, base: int | None, margin: float, alpha: float = quality
              "never a decision:"] if base is not None else []
     for i, (g, row) in enumerate(zip(groups, rows, strict=True)):
         ratios(row, ref, targets)
-        verdicts, note = judge(g, groups[base], margin, alpha) if base is not None and i != base else ({}, None)
+        verdicts, note = judge(g, groups[base], margin, alpha) if base is not None and i != base else ({}, why or None)
         head = verdicts.get(QUALITY[0])
         row |= {"quality": "baseline" if i == base else (head.label() if head else None),
                 "interval": head and head.interval_text(), "_verdicts": verdicts,
                 "_note": note} | {f"{m} verdict": v and v.text() for m, v in verdicts.items()}
+        if i == base and why:
+            lines.append(f"- `{g.label}` (the baseline): {why}")
         if i != base and base is not None:
             said = "; ".join(f"{m} {v.text()}" for m, v in verdicts.items() if v) or "no verdict"
             lines.append(f"- `{g.label}`: {said}" + (f". Note: {note}" if note else ""))
-    return Report(rows, lines, targets, base, margin, task(groups[base]) if base is not None else None)
+    return Report(rows, lines + left_out_lines(shown), targets, base, margin, on and on["task"])
+
+
+def left_out_lines(groups: list) -> list:
+    """The runs left out of the groups, each with why (none: no lines)."""
+    said = [f"- `{g.label}`: {where(run)} (seed {seed}): {why}" for g in groups for run, seed, why in g.left_out]
+    return ["", "Left out of their groups (in neither their numbers nor their verdicts):", *said] if said else []
 
 
 def summary_row(g: Group, targets: list) -> dict:
     """A group's means, spreads and times to target (ratios and verdicts are added against the baseline)."""
-    choices = g.runs[0]["summary"].get("choices")
+    choices = (g.runs or [run for run, _, _ in g.left_out])[0]["summary"].get("choices")
     row = {"group": g.label, "seeds": len(g.runs), "seed values": " ".join(g.seeds),
-           "_overrides": list(g.overrides), "_choices": choices if isinstance(choices, dict) else {}}
+           "left out": "; ".join(f"{where(run)} (seed {seed}): {why}" for run, seed, why in g.left_out) or None,
+           "_overrides": list(g.overrides), "_choices": choices if isinstance(choices, dict) else {},
+           "_runs": g.runs, "_seeds": list(g.seeds), "_left_out": g.left_out}
     row |= {k: v for col in GROUP_METRICS for k, v in ((col, g.mean(col)), (f"{col} sd", g.sd(col)))}
     if len(g.values("whole run")) < len(g.runs):
         row["whole run"] = row["whole run sd"] = None  # (a run from before it was recorded: no mean of the rest)

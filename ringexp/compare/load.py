@@ -1,8 +1,9 @@
-"""The runs compare reads: local run directories (every summary.json below the paths given, in path order) or a
-W&B group through its API. A run is {"dir", "summary", "rows"}: its summary checked against the summary's schema
+"""The runs compare reads: local run directories (every one below the paths given, in path order) or a W&B group
+through its API. A run is {"dir", "summary", "rows"}: its summary checked against the summary's schema
 (ringexp.summary) and its metrics.jsonl rows; a run whose files cannot be read, or hold what no run wrote, is
-listed as unreadable, the file and why in its summary's place. Also Hydra's overrides.yaml of a run that failed
-before it started, W&B's flattened keys unflattened, and paths as printable text.
+listed as unreadable, the file and why in its summary's place; a run without summary.json (killed before it wrote
+one, or still running) as UNFINISHED. Also Hydra's overrides.yaml of a run that failed before it started or
+never finished, W&B's flattened keys unflattened, and paths as printable text.
 """
 
 import json
@@ -17,6 +18,9 @@ from ringexp.records import yaml_text
 from ringexp.summary import KINDS, described, shape_error
 
 HYDRA_OVERRIDES = Path(".hydra", "overrides.yaml")
+CONFIG = "config.yaml"  # with HYDRA_OVERRIDES, what ringexp.train writes into a run directory once it accepts a run
+UNFINISHED = {"status": "unfinished",
+              "error": f"no {records.SUMMARY}: the run was killed before it finished, or is still running"}
 YAML_LIMIT = 64 << 10  # the most a YAML file compare reads may hold: a run's hold a few kilobytes
 
 
@@ -26,20 +30,26 @@ def load_local(paths) -> list:
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such directory")
-        for f in summaries(p):
-            if f.parent not in seen:
-                seen.add(f.parent)
-                runs.append(load_run(f.parent))
+        for d in run_dirs(p):
+            if d not in seen:
+                seen.add(d)
+                runs.append(load_run(d))
     return runs
 
 
-def summaries(p: Path) -> list:
-    """The summary.json of run directory `p`, or every one below `p`: jobs by number (2 before 10), then runs by
-    name (a sweep's `0` beside a `baseline`: a part is compared as a number only with another number)."""
-    if os.path.lexists(p / records.SUMMARY):
-        return [p / records.SUMMARY]
-    return sorted(p.rglob(records.SUMMARY),
-                  key=lambda f: [(0, int(x), "") if x.isdecimal() else (1, 0, x) for x in f.parent.parts])
+def is_run(d: Path) -> bool:
+    """A run directory: it holds summary.json, or what ringexp.train writes before it launches (CONFIG and
+    HYDRA_OVERRIDES), so that a run killed before its summary is listed rather than lost."""
+    return os.path.lexists(d / records.SUMMARY) or all(os.path.lexists(d / f) for f in (CONFIG, HYDRA_OVERRIDES))
+
+
+def run_dirs(p: Path) -> list:
+    """Run directory `p`, or every one below `p`: jobs by number (2 before 10), then runs by name (a sweep's `0`
+    beside a `baseline`: a part is compared as a number only with another number)."""
+    if is_run(p):
+        return [p]
+    found = {f.parent for f in p.rglob(records.SUMMARY)} | {f.parent for f in p.rglob(CONFIG) if is_run(f.parent)}
+    return sorted(found, key=lambda d: [(0, int(x), "") if x.isdecimal() else (1, 0, x) for x in d.parts])
 
 
 def load_run(run_dir: Path) -> dict:
@@ -48,7 +58,7 @@ def load_run(run_dir: Path) -> dict:
     the report of every other run."""
     path = run_dir / records.SUMMARY  # the file being read: the one to name if it cannot be
     try:
-        summary = records.read_summary(run_dir)
+        summary = records.read_summary(run_dir) if os.path.lexists(path) else dict(UNFINISHED)
         if (bad := shape_error(summary)) is not None:
             raise ValueError(bad)
         path = run_dir / records.METRICS
