@@ -154,7 +154,8 @@ class CompressionConfig:
     warmup_ratio: float = 0.25
     momentum_correction: bool = False  # topk / randomk with optim=sgd: DGC's momentum correction
     scope: CompressionScope = CompressionScope.all  # hierarchical: all or inter_node
-    # how payloads that cannot be summed on the wire (sign, topk, int8 on builtin) are reduced; docs/compression.md
+    # how payloads that cannot be summed on the wire (sign, topk, int8 on builtin) are reduced (two_phase: casts too);
+    # named where no compressed bucket would take it, refused (compress.unchosen). docs/compression.md
     collective: CompressionCollective = CompressionCollective.auto
 
     def __post_init__(self):
