@@ -156,9 +156,10 @@ def resume_words(run_dir: Path) -> str:
 
 
 def report(summary: dict, run_dir: Path) -> None:
-    f, t = summary["final"], summary["throughput"]
+    f, t, skipped = summary["final"], summary["throughput"], summary["skipped_steps"]
+    skips = f", amp=fp16 skipped {skipped} of {summary['steps']} steps (inf/NaN gradients)" if skipped else ""
     print(f"ringexp: done in {summary['wall_time_s']:.0f}s: {t['median']:.0f} samples/s (median), "
-          f"val macro-AUROC {f['auroc_macro']:.3f}, macro-F1 {f['f1_macro']:.3f} -> {run_dir}")
+          f"val macro-AUROC {f['auroc_macro']:.3f}, macro-F1 {f['f1_macro']:.3f}{skips} -> {run_dir}")
     print(f"ringexp: time: {summary['time']['verdict']}")
     if "profile" in summary:
         p = summary["profile"]

@@ -40,12 +40,33 @@ def test_a_non_finite_loss_between_logged_rows_is_named_at_the_next_row(tmp_path
 
 
 def test_fp16_grad_scaler_skips_non_finite_steps_and_counts_them(tmp_path):
+    """11 of 12 steps skipped: as many halvings as a calibration could take (65536 down to 32), so the run ends, and
+    its last line says how many it skipped."""
     r = run_cli(tmp_path / "run", *TINY, "amp=fp16", "optim=sgd", "optim.lr=1e30", "logger=none")
     assert r.returncode == 0, r.stderr[-2000:]
     s = read_summary(tmp_path / "run")
     rows = read_rows(tmp_path / "run")
     assert s["skipped_steps"] > 0 and rows[-1]["train/skipped_steps"] == s["skipped_steps"]
     assert [row["train/skipped_steps"] for row in rows] == sorted(row["train/skipped_steps"] for row in rows)
+    assert f"amp=fp16 skipped {s['skipped_steps']} of 12 steps" in r.stdout, r.stdout
+
+
+def test_fp16_that_skips_nearly_every_step_fails_saying_how_many(tmp_path):
+    """Every step after the first skipped: once the loss scale falls below 1 (17 halvings from 65536, more than a
+    calibration ever takes) the run stops at that logged step, failed, in one line saying how many and what to do."""
+    r = run_cli(tmp_path / "run", *TINY, "steps=30", "eval_every=30", "amp=fp16", "optim=sgd", "optim.lr=1e30")
+    assert r.returncode == 1, r.stderr[-2000:]
+    line = error_line(r.stderr)
+    skipped, run = map(int, re.search(r"amp=fp16 skipped (\d+) of (\d+) steps", line).groups())
+    assert skipped == run - 1 > 16 and "lower optim.lr, or use amp=bf16" in line, line
+    assert read_summary(tmp_path / "run")["status"] == "failed"
+    assert read_rows(tmp_path / "run")[-1]["train/skipped_steps"] == skipped - 1  # (rows up to the step before)
+
+
+def test_a_healthy_fp16_run_completes_and_says_nothing_of_skips(tmp_path):
+    r = run_cli(tmp_path / "run", *TINY, "amp=fp16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_summary(tmp_path / "run")["skipped_steps"] == 0 and "skipped" not in r.stdout, r.stdout
 
 
 def test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_key(tmp_path):
