@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import RUN, TINY, error_line, read_rows, read_summary, run_cli, start, wait_for_step, worker_pid
@@ -83,6 +84,41 @@ def test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_k
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "offline records in the run directory"
     leaks = [p for p in run_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert not leaks, leaks
+
+
+SECRETS = {"MY_API_TOKEN": "tok-5f3e1d2c3b4a59687", "db_password": "hunter22x"}  # (any case: "password")
+
+
+def leaks(folder: Path) -> list:
+    """Every file under `folder` that holds one of SECRETS' values."""
+    return [p for p in folder.rglob("*") if p.is_file() and any(v.encode() in p.read_bytes() for v in SECRETS.values())]
+
+
+def test_a_credential_read_from_the_environment_is_recorded_as_its_interpolation(tmp_path):
+    """Config values read from credentials in the environment (${oc.env:NAME}, NAME holding KEY, TOKEN, SECRET or
+    PASSWORD): the run uses them, and no file of its directory (config.yaml, .hydra/, summary.json, rows, logs,
+    checkpoints, W&B's offline run) holds their values, nor does what it prints: ${oc.env:NAME} stands there."""
+    run_dir = tmp_path / "run"
+    r = run_cli(run_dir, *TINY, "steps=3", "eval_every=3", "logger=wandb", "name=${oc.env:MY_API_TOKEN}",
+                "data.root=/data/${oc.env:db_password}/x", "+backend.env.NCCL_SOCKET_IFNAME=${oc.env:MY_API_TOKEN}",
+                env=SECRETS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "an offline W&B run in the run directory"
+    assert not leaks(run_dir) and not any(v in r.stdout + r.stderr for v in SECRETS.values()), leaks(run_dir)
+    s = read_summary(run_dir)
+    assert s["group"] == "${oc.env:MY_API_TOKEN}" and s["task"]["data"]["root"] == "/data/${oc.env:db_password}/x"
+    assert s["backend_env"]["env"]["NCCL_SOCKET_IFNAME"] == "${oc.env:MY_API_TOKEN}", s["backend_env"]
+
+
+def test_a_credential_in_a_refused_sweep_job_is_recorded_as_its_interpolation(tmp_path):
+    """A refused job of a sweep keeps its directory with a failed summary.json saying why, and the sweep's report
+    lists it: neither holds the credential the refused value came from."""
+    sweep = tmp_path / "sweep"
+    r = run_cli(tmp_path / "unused", "-m", *TINY, "model.name=${oc.env:MY_API_TOKEN}", f"hydra.sweep.dir={sweep}",
+                env=SECRETS)
+    line = error_line(r.stderr)
+    assert "model.name=${oc.env:MY_API_TOKEN}" in line and read_summary(sweep / "0")["status"] == "failed", line
+    assert not leaks(sweep) and not any(v in r.stdout + r.stderr for v in SECRETS.values()), leaks(sweep)
 
 
 def test_incompatible_checkpoint_is_one_line_naming_the_mismatch(tmp_path):
