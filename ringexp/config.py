@@ -8,6 +8,8 @@ groups (combinations, data files, the machine) is checked by ringexp.validate. W
 dataclasses, with enums where a field has a fixed set of values.
 """
 
+import os
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -154,7 +156,8 @@ class CompressionConfig:
     warmup_ratio: float = 0.25
     momentum_correction: bool = False  # topk / randomk with optim=sgd: DGC's momentum correction
     scope: CompressionScope = CompressionScope.all  # hierarchical: all or inter_node
-    # how payloads that cannot be summed on the wire (sign, topk, int8 on builtin) are reduced; docs/compression.md
+    # how payloads that cannot be summed on the wire (sign, topk, int8 on builtin) are reduced (two_phase: casts too);
+    # named where no compressed bucket would take it, refused (compress.unchosen). docs/compression.md
     collective: CompressionCollective = CompressionCollective.auto
 
     def __post_init__(self):
@@ -432,6 +435,38 @@ class TrainConfig:
 def plain(cfg) -> dict:
     """A config dataclass as plain values (enums as their strings): for records, W&B and config.yaml."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+
+
+# An environment variable whose name holds one of these words (any case) holds a credential: a config may read it
+# through ${oc.env:NAME} and run with its value, but every record of the run writes ${oc.env:NAME} in its place.
+CREDENTIAL = re.compile("KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+ENV_READ = re.compile(r"\boc\.env\s*:\s*['\"]?([^,}'\"\s]+)")  # the variable an ${oc.env:NAME,default} reads
+# A credential this short inside longer text is replaced only where it is the whole text: so short a value is no
+# secret inside other words, and replacing it there would garble them (a status "failed" holding "a").
+SHORT = 6
+
+
+def credentials(cfg) -> list:
+    """The names of the credentials (CREDENTIAL) that `cfg`, a composed DictConfig before it is resolved, reads
+    from the environment."""
+    return sorted({n for n in ENV_READ.findall(OmegaConf.to_yaml(cfg)) if CREDENTIAL.search(n)})
+
+
+def hidden(value, names):
+    """`value` (plain values: mappings, lists, text, numbers), with the value of each environment variable in `names`
+    written ${oc.env:NAME} in every text that holds it: what a record gets instead of the credential."""
+    secrets = {os.environ[n]: f"${{oc.env:{n}}}" for n in names or () if os.environ.get(n)}
+
+    def scrub(v):
+        if isinstance(v, dict):
+            return {k: scrub(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [scrub(x) for x in v]
+        for secret, text in secrets.items() if isinstance(v, str) else ():
+            v = v.replace(secret, text) if len(secret) >= SHORT or v == secret else v
+        return v
+
+    return scrub(value) if secrets else value
 
 
 def register(name: str, schema) -> None:

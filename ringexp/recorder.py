@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ringexp import comm, quality, records, timing
 from ringexp import dist as rdist
-from ringexp.config import plain
+from ringexp.config import hidden, plain
 from ringexp.metrics import median, peak_memory_bytes, spread
 from ringexp.sinks import open_sinks
 from ringexp.versions import versions
@@ -56,7 +56,8 @@ class Recorder:
         if source is not None:
             rows = records.rewind(self.run_dir, source, start)
             self.resume_from(rows)
-        self.sinks = open_sinks(plain(self.cfg), self.run_dir, self.meta, self.cfg.steps, start, wandb_id)
+        self.sinks = open_sinks(self.hidden(plain(self.cfg)), self.run_dir, self.hidden(self.meta), self.cfg.steps,
+                                start, wandb_id)
 
     def resume_from(self, rows: list) -> None:
         """What the summary needs of the steps before the checkpoint, from their metrics.jsonl rows."""
@@ -73,6 +74,11 @@ class Recorder:
                 first = r["step"] + 1
         self.elapsed0 = rows[-1].get("train/elapsed_s", 0.0) if rows else 0.0
         self.train_s = (rows[-1].get("train/train_s") or 0.0) if rows else 0.0
+
+    def hidden(self, value):
+        """`value` with every credential the config read from the environment written as its interpolation
+        (config.hidden): what the run's records get."""
+        return hidden(value, self.meta.get("credentials"))
 
     def logs(self, step: int, due: bool = False) -> bool:
         """Every logger.log_every steps, and every step that is `due` to evaluate or checkpoint (the last among
@@ -177,7 +183,7 @@ class Recorder:
         if not self.env.is_main:
             return None
         memory = dict(zip(["peak_bytes", *state], (int(v) for v in memory.tolist()), strict=True))
-        summary = self.summary(memory) | extra
+        summary = self.hidden(self.summary(memory) | extra)
         if profile:
             summary["profile"] = profile
             self.sinks.artifact(self.run_dir / profile["trace"], "profile")

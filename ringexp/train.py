@@ -23,7 +23,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from ringexp import backend, checkpoint, conffiles, records, rundir
-from ringexp.config import CONF_DIR, Device, plain
+from ringexp.config import CONF_DIR, Device, credentials, hidden, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import as_rank, launch, refused_elsewhere, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
@@ -70,15 +70,15 @@ def prepare(cfg, run_dir: Path):
     return config
 
 
-def refused(cfg, run_dir: Path, error: ConfigError) -> None:
+def refused(cfg, run_dir: Path, error: ConfigError, message: str) -> None:
     """A command refused before its workers start changes nothing on disk: a single run takes away the directory
-    it created (none, when it found one there). A sweep's job keeps its new directory, saying why it failed, so
-    that the sweep's report lists it."""
+    it created (none, when it found one there). A sweep's job keeps its new directory, saying why it failed
+    (`message`), so that the sweep's report lists it."""
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         return rundir.undo(run_dir)
     if not isinstance(error, RunDirTaken) and not (run_dir / records.SUMMARY).exists():
         rundir.save_hydra_files(run_dir, cfg)
-        records.mark_failed(run_dir, str(error))
+        records.mark_failed(run_dir, message)
 
 
 def fail(run_dir: Path, message: str, code: int) -> None:
@@ -103,15 +103,18 @@ def main(cfg) -> dict | None:
 
 
 def run(cfg, run_dir: Path) -> dict | None:
+    """`cfg`, Hydra's composed config, run into `run_dir`. What it says and records never holds the value of a
+    credential it reads from the environment (config.credentials): the interpolation stands in its place."""
+    secret = credentials(cfg)
     try:
         config = prepare(cfg, run_dir)
     except ConfigError as e:
-        refused(cfg, run_dir, e)
-        return fail(run_dir, str(e), 2)
+        refused(cfg, run_dir, e, hidden(str(e), secret))
+        return fail(run_dir, hidden(str(e), secret), 2)
     records.claim(run_dir)
-    rundir.save_hydra_files(run_dir, cfg)
-    meta = run_meta(config)
-    records.write_file(run_dir / "config.yaml", OmegaConf.to_yaml(plain(config)))
+    rundir.save_hydra_files(run_dir, cfg)  # (the composed config as written: its interpolations unresolved)
+    meta = hidden(run_meta(config), secret) | {"credentials": secret}
+    records.write_file(run_dir / "config.yaml", OmegaConf.to_yaml(hidden(plain(config), secret)))
     log.info("%s: %d %s worker(s) -> %s", meta["name"], config.launcher.nproc_per_node, config.launcher.device,
              run_dir)
     try:
@@ -122,6 +125,7 @@ def run(cfg, run_dir: Path) -> dict | None:
         if stop.requested() and not isinstance(e, PeerLost):  # ... because it was asked to stop
             return interrupted(run_dir)
         message, code = worker_failure(e)
+        message = hidden(message, secret)
         if records.disk_full(run_dir):  # the real cause, which an empty error file or a cut JSON file hides
             message = f"the disk holding {run_dir} is full ({message}); free some space"
         records.mark_failed(run_dir, message[:2000])
@@ -156,9 +160,10 @@ def resume_words(run_dir: Path) -> str:
 
 
 def report(summary: dict, run_dir: Path) -> None:
-    f, t = summary["final"], summary["throughput"]
+    f, t, skipped = summary["final"], summary["throughput"], summary["skipped_steps"]
+    skips = f", amp=fp16 skipped {skipped} of {summary['steps']} steps (inf/NaN gradients)" if skipped else ""
     print(f"ringexp: done in {summary['wall_time_s']:.0f}s: {t['median']:.0f} samples/s (median), "
-          f"val macro-AUROC {f['auroc_macro']:.3f}, macro-F1 {f['f1_macro']:.3f} -> {run_dir}")
+          f"val macro-AUROC {f['auroc_macro']:.3f}, macro-F1 {f['f1_macro']:.3f}{skips} -> {run_dir}")
     print(f"ringexp: time: {summary['time']['verdict']}")
     if "profile" in summary:
         p = summary["profile"]

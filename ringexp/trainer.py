@@ -32,6 +32,10 @@ from ringexp.parallel.base import unwrap
 from ringexp.recorder import Recorder
 
 log = logging.getLogger("ringexp")
+# The fp16 GradScaler starts at 65536, halves its scale on every step it skips (gradients with inf/NaN) and doubles it
+# after 2000 clean ones. A healthy run's calibration stops well above 1 (16 skips in a row would reach it); below 1
+# even the unscaled gradients overflow fp16, every step is being skipped, and the run stops (checked on logged steps).
+MIN_LOSS_SCALE = 1.0
 
 
 def forward_backward(model, micro_batches, k: int, autocast, scaler, no_sync) -> torch.Tensor:
@@ -197,11 +201,17 @@ class Trainer:
         return lr
 
     def check_loss(self, now: int) -> None:
-        """Stop if a step since the start had a non-finite loss (read here, on a logged step: no sync per step)."""
+        """Stop if a step since the start had a non-finite loss, or if fp16 loss scaling has been skipping steps
+        past MIN_LOSS_SCALE (read here, on a logged step: no sync per step)."""
         step = int(self.first_bad)
         if step:
             raise FloatingPointError(f"loss is {float(self.bad_loss)} at step {step} on rank {self.env.rank} (checked "
                                      f"at step {now}); lower optim.lr, set optim.grad_clip, or check the data")
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else MIN_LOSS_SCALE
+        if scale < MIN_LOSS_SCALE:
+            raise FloatingPointError(f"amp=fp16 skipped {int(self.skipped_steps)} of {now} steps (gradients with inf "
+                                     f"or NaN; its loss scale fell to {scale:.3g}, where even unscaled gradients "
+                                     "overflow fp16); lower optim.lr, or use amp=bf16")
 
     def evaluate(self, step: int) -> dict:
         """Validation loss, AUROC and F1 over the whole validation set (every rank its shard); their row entries."""

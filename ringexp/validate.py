@@ -168,13 +168,10 @@ def check_compression(cfg: TrainConfig, world: int) -> None:
     c, strategy = cfg.compression, cfg.parallel.strategy
     if c.name not in compress.COMPRESSORS:
         raise ConfigError(f"compression.name={c.name}: unknown; choose from {', '.join(compress.COMPRESSORS)}")
-    m = compress.COMPRESSORS[c.name]
-    if m is None:
-        return
     if c.name == "powersgd" and strategy != StrategyName.ddp:
         raise ConfigError(f"compression=powersgd runs PyTorch's PowerSGD hook, which the {strategy} strategy "
                           "cannot carry; use +parallel=ddp_powersgd")
-    if c.momentum_correction and cfg.optim.name != OptimName.sgd:
+    if c.name != "none" and c.momentum_correction and cfg.optim.name != OptimName.sgd:
         raise ConfigError(compress.MOMENTUM_RULE)
     problem = compress.refusal(c, ALGORITHM.get(strategy, strategy), f"+parallel={strategy}")
     if problem:

@@ -43,6 +43,19 @@ def test_bench_table_checks_every_algorithm_against_builtin(tmp_path):
     assert len(history) == len(rows)
 
 
+@pytest.mark.slow
+def test_a_credential_the_bench_config_reads_is_recorded_as_its_interpolation(tmp_path):
+    """name=${oc.env:MY_API_TOKEN} names the bench's W&B run: its offline records hold the interpolation, never the
+    value (as a training run's records: tests/test_survive.py)."""
+    run_dir, secret = tmp_path / "bench", "tok-5f3e1d2c3b4a59687"
+    r = run_cli(run_dir, "sizes=[1000]", "nprocs=[2]", "algorithms=[builtin]", "iters=1", "warmup=0", "min_time_s=0",
+                "name=${oc.env:MY_API_TOKEN}", module="ringexp.bench", env={"MY_API_TOKEN": secret})
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, _, run = history_and_summary(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "*.wandb"))[0])
+    assert run.run_group == run.display_name == "${oc.env:MY_API_TOKEN}", run
+    assert not [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
 def test_bench_refuses_nodes_that_do_not_divide(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ringexp.bench", "nprocs=[3]", "nodes=2",
                         f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)

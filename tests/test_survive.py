@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import RUN, TINY, error_line, read_rows, read_summary, run_cli, start, wait_for_step, worker_pid
@@ -40,12 +41,33 @@ def test_a_non_finite_loss_between_logged_rows_is_named_at_the_next_row(tmp_path
 
 
 def test_fp16_grad_scaler_skips_non_finite_steps_and_counts_them(tmp_path):
+    """11 of 12 steps skipped: as many halvings as a calibration could take (65536 down to 32), so the run ends, and
+    its last line says how many it skipped."""
     r = run_cli(tmp_path / "run", *TINY, "amp=fp16", "optim=sgd", "optim.lr=1e30", "logger=none")
     assert r.returncode == 0, r.stderr[-2000:]
     s = read_summary(tmp_path / "run")
     rows = read_rows(tmp_path / "run")
     assert s["skipped_steps"] > 0 and rows[-1]["train/skipped_steps"] == s["skipped_steps"]
     assert [row["train/skipped_steps"] for row in rows] == sorted(row["train/skipped_steps"] for row in rows)
+    assert f"amp=fp16 skipped {s['skipped_steps']} of 12 steps" in r.stdout, r.stdout
+
+
+def test_fp16_that_skips_nearly_every_step_fails_saying_how_many(tmp_path):
+    """Every step after the first skipped: once the loss scale falls below 1 (17 halvings from 65536, more than a
+    calibration ever takes) the run stops at that logged step, failed, in one line saying how many and what to do."""
+    r = run_cli(tmp_path / "run", *TINY, "steps=30", "eval_every=30", "amp=fp16", "optim=sgd", "optim.lr=1e30")
+    assert r.returncode == 1, r.stderr[-2000:]
+    line = error_line(r.stderr)
+    skipped, run = map(int, re.search(r"amp=fp16 skipped (\d+) of (\d+) steps", line).groups())
+    assert skipped == run - 1 > 16 and "lower optim.lr, or use amp=bf16" in line, line
+    assert read_summary(tmp_path / "run")["status"] == "failed"
+    assert read_rows(tmp_path / "run")[-1]["train/skipped_steps"] == skipped - 1  # (rows up to the step before)
+
+
+def test_a_healthy_fp16_run_completes_and_says_nothing_of_skips(tmp_path):
+    r = run_cli(tmp_path / "run", *TINY, "amp=fp16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_summary(tmp_path / "run")["skipped_steps"] == 0 and "skipped" not in r.stdout, r.stdout
 
 
 def test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_key(tmp_path):
@@ -62,6 +84,41 @@ def test_wandb_online_out_of_reach_falls_back_to_offline_and_never_records_the_k
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "offline records in the run directory"
     leaks = [p for p in run_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert not leaks, leaks
+
+
+SECRETS = {"MY_API_TOKEN": "tok-5f3e1d2c3b4a59687", "db_password": "hunter22x"}  # (any case: "password")
+
+
+def leaks(folder: Path) -> list:
+    """Every file under `folder` that holds one of SECRETS' values."""
+    return [p for p in folder.rglob("*") if p.is_file() and any(v.encode() in p.read_bytes() for v in SECRETS.values())]
+
+
+def test_a_credential_read_from_the_environment_is_recorded_as_its_interpolation(tmp_path):
+    """Config values read from credentials in the environment (${oc.env:NAME}, NAME holding KEY, TOKEN, SECRET or
+    PASSWORD): the run uses them, and no file of its directory (config.yaml, .hydra/, summary.json, rows, logs,
+    checkpoints, W&B's offline run) holds their values, nor does what it prints: ${oc.env:NAME} stands there."""
+    run_dir = tmp_path / "run"
+    r = run_cli(run_dir, *TINY, "steps=3", "eval_every=3", "logger=wandb", "name=${oc.env:MY_API_TOKEN}",
+                "data.root=/data/${oc.env:db_password}/x", "+backend.env.NCCL_SOCKET_IFNAME=${oc.env:MY_API_TOKEN}",
+                env=SECRETS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb")), "an offline W&B run in the run directory"
+    assert not leaks(run_dir) and not any(v in r.stdout + r.stderr for v in SECRETS.values()), leaks(run_dir)
+    s = read_summary(run_dir)
+    assert s["group"] == "${oc.env:MY_API_TOKEN}" and s["task"]["data"]["root"] == "/data/${oc.env:db_password}/x"
+    assert s["backend_env"]["env"]["NCCL_SOCKET_IFNAME"] == "${oc.env:MY_API_TOKEN}", s["backend_env"]
+
+
+def test_a_credential_in_a_refused_sweep_job_is_recorded_as_its_interpolation(tmp_path):
+    """A refused job of a sweep keeps its directory with a failed summary.json saying why, and the sweep's report
+    lists it: neither holds the credential the refused value came from."""
+    sweep = tmp_path / "sweep"
+    r = run_cli(tmp_path / "unused", "-m", *TINY, "model.name=${oc.env:MY_API_TOKEN}", f"hydra.sweep.dir={sweep}",
+                env=SECRETS)
+    line = error_line(r.stderr)
+    assert "model.name=${oc.env:MY_API_TOKEN}" in line and read_summary(sweep / "0")["status"] == "failed", line
+    assert not leaks(sweep) and not any(v in r.stdout + r.stderr for v in SECRETS.values()), leaks(sweep)
 
 
 def test_incompatible_checkpoint_is_one_line_naming_the_mismatch(tmp_path):

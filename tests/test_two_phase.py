@@ -2,18 +2,22 @@
 written here: the same compression applied chunk by chunk, every rank's and every owner's error feedback kept by
 hand, bit for bit, on real gloo groups."""
 
+import dataclasses
 import os
 import signal
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import RUN, losses, run_cli, start, wait_for_step, workers
+from conftest import RUN, losses, run_cli, start, strategy_cfg, wait_for_step, workers
+from torch import nn
 
 import ringexp
-from ringexp import compress
+from ringexp import compress, parallel, validate
 from ringexp import dist as rdist
-from ringexp.config import CompressionConfig
+from ringexp.compress import ASKED
+from ringexp.config import CompressionConfig, StrategyName
+from ringexp.errors import ConfigError
 from ringexp.parallel.hooks import compressor
 
 M = compress.COMPRESSORS
@@ -308,3 +312,59 @@ def library_worker() -> bool:
 
 def test_the_library_all_reduce_takes_a_compressor_and_keeps_its_error_feedback():
     assert all(workers(library_worker, 3).values())
+
+
+def collective_choices() -> dict:
+    """Every compressor x strategy x compression.collective named, through the checks a run makes before any worker
+    starts (validate.check): {(strategy, compressor, collective): its one-line refusal, or None (accepted)}."""
+    out = {}
+    for strategy in map(str, StrategyName):
+        base = strategy_cfg(strategy, 1 if strategy == "single" else 2)
+        for name in compress.COMPRESSORS:
+            for collective in ASKED:
+                cfg = dataclasses.replace(base, compression=CompressionConfig(name=name, collective=collective))
+                try:
+                    validate.check(cfg)
+                    out[strategy, name, collective] = None
+                except ConfigError as e:
+                    out[strategy, name, collective] = str(e)
+    return out
+
+
+def taken_worker(cases) -> dict:
+    """The path each case's buckets really take in DDP after one backward: the route of ringexp's hook, which ran
+    its compressor, or PyTorch's own hook."""
+    env = rdist.init("cpu")
+    bases, taken = {}, {}
+    for strategy, name, collective in cases:
+        base = bases.setdefault(strategy, strategy_cfg(strategy, env.world_size))
+        c = CompressionConfig(name=name, collective=collective)
+        strat = parallel.build(dataclasses.replace(base, compression=c), env)
+        model = strat.wrap(nn.Linear(8, 4))
+        model(torch.randn(2, 8)).sum().backward()
+        state = strat.state_dict()
+        taken[strategy, name, collective] = (compress.route(c, strat.algorithm, env.world_size)
+                                             if state and state["steps"] else "PyTorch's hook")
+        strat.close()
+    rdist.cleanup()
+    return taken
+
+
+def test_a_collective_named_is_the_one_taken_or_refused_in_one_line():
+    """compression.collective=two_phase or all_gather is never ignored: every combination the checks accept takes
+    that path in a real DDP step (fp16/bf16 on ddp: the two phases through ringexp's hook, not PyTorch's cast
+    hook), and every other one is refused in one line before any worker starts."""
+    choices = collective_choices()
+    assert all("\n" not in why and len(why) < 300 for why in choices.values() if why), choices
+    for case, words in [(("ddp", "none", "two_phase"), "nothing is compressed"),
+                        (("ddp", "powersgd", "all_gather"), "PowerSGD all-reduces its factors"),
+                        (("fsdp", "fp16", "two_phase"), "+parallel=fsdp reduces gradients itself"),
+                        (("ddp", "randomk", "two_phase"), "randomk has no two-phase form"),
+                        (("naive", "randomk", "all_gather"), "randomk on +parallel=naive is summed as it is"),
+                        (("ddp", "bf16", "all_gather"), "bf16 on +parallel=ddp is summed as it is"),
+                        (("ring", "int8", "all_gather"), "int8 on +parallel=ring is a wire format")]:
+        assert words in (choices[case] or ""), (case, choices[case])
+    accepted = [case for case, why in choices.items() if why is None]
+    assert ("ddp", "fp16", "two_phase") in accepted and ("hierarchical", "sign", "all_gather") in accepted
+    taken = workers(taken_worker, 2, accepted)
+    assert all(got == {case: ASKED[case[2]] for case in accepted} for got in taken.values()), taken

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from ringexp import comm, compress, conffiles, records
 from ringexp import dist as rdist
 from ringexp.bench.config import BenchConfig
-from ringexp.config import CONF_DIR, CompressionConfig, Device, plain
+from ringexp.config import CONF_DIR, CompressionConfig, Device, credentials, hidden, plain
 from ringexp.errors import ConfigError, print_error
 from ringexp.launch import elastic, under_external_launcher, worker_failure
 from ringexp.sinks.wandb import WandbSink
@@ -303,18 +303,20 @@ def log_wandb(cfg: dict, rows: list, run_dir: Path) -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="bench")
 def main(cfg) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    secret = credentials(cfg)  # (recorded as their interpolations, as a training run's: ringexp.config.hidden)
     try:
         config = OmegaConf.to_object(cfg)  # BenchConfig: its fields check themselves
         check(config, external=under_external_launcher())
     except ConfigError as e:
-        failed(run_dir, str(e), 2)
+        failed(run_dir, hidden(str(e), secret), 2)
     try:
         rows = results(config, run_dir)
     except Exception as e:  # a worker died or raised (the agent's error names the rank): one line, as train's
-        failed(run_dir, *worker_failure(e))
+        message, code = worker_failure(e)
+        failed(run_dir, hidden(message, secret), code)
     write_results(rows, run_dir)
     if not config.codec:
-        log_wandb(plain(config), rows, run_dir)
+        log_wandb(hidden(plain(config), secret), rows, run_dir)
     print(f"\nringexp: results in {run_dir}/bench.csv and bench.json")
 
 

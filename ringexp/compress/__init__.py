@@ -50,12 +50,13 @@ def route(c, algorithm: str, world: int | None = None) -> str:
       all-reduce the payload viewed as its `sum_dtype`, decode once;
     - "two_phase" (ringexp.comm.two_phase): chunks compressed, an all-to-all to their owners, the owner's sum
       compressed again, an all-gather; with hierarchical and scope=inter_node, between nodes only (ByteGrad's
-      shape). compression.collective=two_phase asks for it; `auto` takes it from 3 ranks up, where an all-gather's
-      (p-1) payloads per rank outgrow its 2(p-1)/p;
+      shape). compression.collective=two_phase asks for it (for anything but random-k, whose payloads are summed
+      as they are); `auto` takes it from 3 ranks up, where an all-gather's (p-1) payloads per rank outgrow its
+      2(p-1)/p;
     - "gather": otherwise (int8 on builtin, top-k, sign): every rank's payload is all-gathered and they are
       decoded and summed locally (and DGC's momentum correction, which masks this rank's own selection)."""
     m = COMPRESSORS[c.name]
-    if c.collective == "two_phase":
+    if c.collective == "two_phase" and (m.WIRE or m.sum_dtype(c) is None):
         return "two_phase"
     if m.WIRE and algorithm != "builtin":
         return "wire"
@@ -69,12 +70,9 @@ def refusal(c, algorithm: str, where: str):
     """Why compressor config `c` cannot run with all-reduce `algorithm` (builtin, ring, hierarchical, naive; any
     other name: not a DDP hook), in the words of `where` (what the user chose), or None if it can."""
     m = COMPRESSORS[c.name]
-    if m is None:  # nothing compressed: no collective to choose
-        return None
-    if c.collective == "two_phase" and (m.sum_dtype(c) is not None and not m.WIRE or m is powersgd):
-        return (f"compression.collective=two_phase: {c.name} has no two-phase form ("
-                + ("PowerSGD all-reduces its factors" if m is powersgd else "its payloads are summed as they are: "
-                   "random-k's indices are shared") + "); use collective=auto")
+    ignored = unchosen(c, algorithm, where)
+    if ignored or m is None:  # (nothing compressed: nothing else to refuse)
+        return ignored
     if c.scope == "inter_node" and (algorithm != "hierarchical" or route(c, algorithm) not in ("wire", "two_phase")):
         return (f"compression.scope=inter_node needs hierarchical and fp16, bf16, int8, sign or topk (got {where}, "
                 f"compression={c.name})")
@@ -92,6 +90,32 @@ def refusal(c, algorithm: str, where: str):
                 "sums, an error no rank's residual holds; use error_feedback=false, or collective=two_phase "
                 "(a residual on both sides)")
     return None
+
+
+# The route (above) each compression.collective asks for by name
+ASKED = {"two_phase": "two_phase", "all_gather": "gather"}
+
+
+def unchosen(c, algorithm: str, where: str):
+    """Why compression.collective, named (two_phase or all_gather), would not be the path `c`'s buckets take with
+    all-reduce `algorithm` (a choice the run would silently ignore), or None. Only the buckets ringexp's DDP hook
+    compresses have a collective to choose: not FSDP's, not PowerSGD's, not uncompressed ones."""
+    if c.collective == "auto":
+        return None
+    m, key = COMPRESSORS[c.name], f"compression.collective={c.collective}"
+    if m is None or m is powersgd or algorithm not in comm.ALGORITHMS:
+        why = ("nothing is compressed" if m is None else "PowerSGD all-reduces its factors" if m is powersgd
+               else f"{where} reduces gradients itself")
+        return f"{key}: {why}, so there is no compressed collective to choose; use collective=auto"
+    way = route(c, algorithm)
+    if way == ASKED[c.collective]:
+        return None
+    if c.collective == "two_phase":  # (random-k: the one payload summed that is no wire format)
+        return (f"{key}: {c.name} has no two-phase form (its payloads are summed as they are: every rank draws the "
+                "same indices); use collective=auto")
+    how = ("a wire format inside the collective (float32 sums at every hop)" if way == "wire"
+           else "summed as it is (every rank's payload added on the wire)")
+    return f"{key}: {c.name} on {where} is {how}, never gathered; use collective=auto" + (" or two_phase" * m.WIRE)
 
 
 def first_compressed_step(c) -> int:

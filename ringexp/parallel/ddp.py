@@ -2,8 +2,9 @@
 ringexp's collectives as its communication hook (ring, hierarchical, naive). DDP's own bucketing,
 bucket_cap_mb and gradient_as_bucket_view work the same either way.
 
-Compression: with the builtin all-reduce, PyTorch's own hooks where they exist (fp16/bf16 compress hooks,
-PowerSGD); every other combination goes through ringexp's hook and ringexp.compress.
+Compression: with the builtin all-reduce, PyTorch's own hooks where they exist (fp16/bf16 compress hooks, unless
+compression.collective=two_phase; PowerSGD); every other combination goes through ringexp's hook and
+ringexp.compress.
 """
 
 from itertools import accumulate
@@ -59,8 +60,8 @@ class DDPStrategy(Strategy):
         if c.name == "powersgd":
             self.powersgd, hook = powersgd.hook(c, compress.error_feedback(c))
             return self.powersgd, hook
-        if self.algorithm == "builtin" and c.name in TORCH_CAST_HOOKS:
-            return None, TORCH_CAST_HOOKS[c.name]
+        if self.algorithm == "builtin" and c.name in TORCH_CAST_HOOKS and compress.route(c, "builtin") == "sum":
+            return None, TORCH_CAST_HOOKS[c.name]  # (collective=two_phase: ringexp's hook runs the two phases)
         if self.algorithm == "builtin" and c.name == "none":
             return None, None
         compressor = None if c.name == "none" else compress.State(c, momentum=self.cfg.optim.momentum)
