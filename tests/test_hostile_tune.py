@@ -1,7 +1,7 @@
 """Hostile inputs to the tune and to the config files ringexp tells users to load: a config file that would run code,
 a trial's directory still held by a live run, trials.jsonl and compute.json of the wrong shape, knob values out of
-range, a second tune into a live one. Each case is made by the test itself; each asserts the one line, the exit
-code and that nothing already written was lost."""
+range, a second tune into a live one, settings past what any budget could run. Each case is made by the test
+itself; each asserts the one line, the exit code and that nothing already written was lost."""
 
 import contextlib
 import io
@@ -13,14 +13,25 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, alive, descendants, error_line, refused, run_module, start_module, train_command
+from conftest import (
+    ROOT,
+    TINY,
+    alive,
+    descendants,
+    error_line,
+    refused,
+    run_module,
+    start_module,
+    train_command,
+    within,
+)
 
 from ringexp import conffiles, records
 from ringexp.cluster import files as clusters
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
-from ringexp.tune import cli, trials
-from ringexp.tune.config import TuneConfig
+from ringexp.tune import budget, cli, space, trials
+from ringexp.tune.config import MAX_RUNS, TuneConfig
 from ringexp.tune.loop import Tune
 
 TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
@@ -244,3 +255,55 @@ def test_a_killed_tune_leaves_no_trial_running_and_the_same_command_continues(tm
     recs = [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
     assert all(r["status"] == "completed" for r in recs), [(r["key"], r["status"], r.get("reason")) for r in recs]
     assert any(r["key"] == "try-r0-ddp_fp16" for r in recs)
+
+
+BIG = "1000000000000"
+ABSURD = [  # (arguments, what the one line says): each ran a tune whose budget arithmetic looped for days, or worse
+    ([f"tune.seeds={BIG}"], f"tune.seeds={BIG}: more than {MAX_RUNS // 2}"),
+    ([f"tune.verify={BIG}"], f"tune.verify={BIG}: must be in [1, 1024]"),
+    ([f"tune.rungs={BIG}"], f"tune.eta, rungs=2, {BIG}: need eta in [2, 1024] and 1 to 11 rungs"),
+    ([f"tune.eta={BIG}"], f"tune.eta, rungs={BIG}, 2: need eta in [2, 1024]"),
+    ([f"tune.trial_steps={BIG}"], f"tune.trial_steps={BIG}: must be in [1, 6048000000]"),
+    (["tune.trial_steps=10", "tune.eta=1024", "tune.rungs=11"], "the last rung's trials would run 1.27e+31 steps"),
+    (["tune.budget_min=1e12"], "tune.budget_min=1000000000000.0: must be > 0 and at most a week"),
+    (["tune.trial_timeout_s=inf"], "tune.trial_timeout_s=inf: must be > 0 seconds and at most a week"),
+    ([f"tune.knobs=['accumulation.steps={','.join(map(str, range(1, 2001)))}']"], "2000 knob values: 30015 candidates"),
+    ([f"tune.presets=[{','.join(['ddp'] * 2000)}]"], "2000 presets, 7 knob values: 16000 candidates"),
+    (["tune.command=" + "x" * 200_000], "longer than 131072 characters"),
+    (["tune.seed=-1"], "tune.seed=-1: must be in [0, 2^64)"),
+    (["tune.cluster=nowhere"], "conf/cluster/nowhere.yaml: cannot read it"),
+]
+
+
+@pytest.mark.parametrize("args,says", ABSURD, ids=[a[0][:30] for a, _ in ABSURD])
+def test_a_setting_past_what_any_budget_could_run_is_one_line_within_seconds(tmp_path, args, says):
+    """Each once started a tune (its baseline, then the halving) that never ended; tune.cluster was read only after
+    the baseline's run."""
+    out = tmp_path / "tune"
+    with within(30):
+        code, err = tune_refusal([*TASK, *args, f"tune.out={out}"])
+    assert code == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err, err[:2000]
+    assert not out.exists()
+
+
+def test_the_budget_of_verification_is_closed_form_in_the_seeds(tmp_path):
+    """What verifying still costs, at the most seeds a budget could run, is the seeds not recorded times a run's
+    estimate, counted over the records (a sum over tune.seeds took days at absurd values); at 3 seeds it is the
+    per-seed sum it replaces."""
+    for seeds in (3, MAX_RUNS // 2):
+        t = Tune(TuneConfig(trial_steps=8, seeds=seeds), TASK, tmp_path / str(seeds))
+        c = space.Candidate("ddp_fp16", ["+parallel=ddp_fp16"], t.base, {"step_s": 0.2, "samples_s": 1.0})
+        t.order, t.base_pred, t.scale = [c], {"step_s": 0.1, "samples_s": 2.0}, 1.0
+        for key, cand in (("verify-baseline-s0", "baseline"), ("verify-baseline-s2", "baseline"),
+                          ("verify-ddp_fp16-s1", "ddp_fp16"), ("verify-baseline-s007", "baseline")):
+            t.log.done[key] = record(t.out, key, phase="verify", candidate=cand, steps=12, every=6, wall_s=20.0)
+        base, mine = budget.full_estimate(t, None), budget.full_estimate(t, c)
+        with within(5):
+            assert budget.left(t, None) == seeds - 2 and budget.left(t, c) == seeds - 1  # (s007 is no seed's key)
+            assert budget.reserve(t) == pytest.approx((seeds - 2) * base + seeds * mine)
+            assert budget.verifying(t, c) == pytest.approx((seeds - 2) * base + (seeds - 1) * mine)
+        if seeds == 3:
+            per_seed = sum(0 if budget.full_key(t, x, i) in t.log.done else budget.full_estimate(t, x)
+                           for i in range(seeds) for x in (None, c))
+            assert budget.verifying(t, c) == pytest.approx(per_seed)
+

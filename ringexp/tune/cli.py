@@ -78,7 +78,11 @@ def checked(cfg, train: list):
 def reachable(cmd: list, train: list) -> None:
     """ConfigError where the trials' launcher cannot start: its program missing, Slurm not answering, the local
     cluster not up."""
-    if not (shutil.which(cmd[0]) or Path(cmd[0]).is_file()):
+    try:
+        found = shutil.which(cmd[0]) or Path(cmd[0]).is_file()
+    except OSError:  # (a name longer than a file name can be)
+        found = False
+    if not found:
         raise ConfigError(f"tune.command: cannot run '{cmd[0]}' (no such program); give the command a trial runs")
     checks = [[cmd[0], "status"]] if Path(cmd[0]).name == "cluster_local.sh" else []
     if any(o.startswith("hydra/launcher=slurm") for o in train):

@@ -41,6 +41,8 @@ class Tune:
             raise ConfigError(f"tune.trial_steps={tc.trial_steps}: a trial measures its throughput after "
                               f"throughput_warmup={self.base.throughput_warmup} steps; give at least "
                               f"{self.base.throughput_warmup + 5}")
+        if tc.cluster:  # (read again once the baseline has run: a mistake in it is found before)
+            clusters.read(clusters.path_of(tc.cluster))
         self.cmd = trials.command(tc.command)
         self.log = trials.Log(out / "trials.jsonl", out)
         self.budget = budget.Budget(tc.budget_min * 60, self.log)
@@ -97,7 +99,7 @@ class Tune:
     def diagnose(self) -> dict:
         """The baseline at full length, seed 0: the checklist's numbers, and the first of the baseline's seeds that
         verification needs anyway, so that the budget knows from the start what a full-length run costs."""
-        first = "verify-baseline-s" + str(self.base.seed)
+        first = budget.full_key(self, None, 0)
         if self.log.done.get(first, {}).get("status", "completed") != "completed":
             self.log.drop(first)  # nothing can go on without it: each start of the same command tries it again
         rec = self.full(None, 0)
@@ -225,12 +227,12 @@ class Tune:
             f"samples) could not be the baseline's; give {bad} a multiple of {own}")
 
     def full(self, c, i: int) -> dict:
-        seed = self.base.seed + i
+        seed, key = self.base.seed + i, budget.full_key(self, c, i)
         if c is None:
-            return self.trial(f"verify-baseline-s{seed}", "diagnose" if i == 0 else "verify", "baseline", [],
-                              self.base.steps, seed, self.base.eval_every)
+            return self.trial(key, "diagnose" if i == 0 else "verify", "baseline", [], self.base.steps, seed,
+                              self.base.eval_every)
         steps, every = self.full_steps(c)
-        return self.trial(f"verify-{trials.slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
+        return self.trial(key, "verify", c.name, c.overrides, steps, seed, every)
 
     def affords(self, c) -> bool:
         return verify.affords(self, c)
