@@ -271,6 +271,8 @@ ABSURD = [  # (arguments, what the one line says): each ran a tune whose budget 
     ([f"tune.presets=[{','.join(['ddp'] * 2000)}]"], "2000 presets, 7 knob values: 16000 candidates"),
     (["tune.command=" + "x" * 200_000], "longer than 131072 characters"),
     (["tune.seed=-1"], "tune.seed=-1: must be in [0, 2^64)"),
+    (["tune.error=1e-300"], "tune.error=1e-300: no verification could pass"),
+    (["tune.quality_budget=0"], "tune.quality_budget=0.0: no verdict over 3 seeds can be equivalent within it"),
     (["tune.cluster=nowhere"], "conf/cluster/nowhere.yaml: cannot read it"),
 ]
 

@@ -28,7 +28,9 @@ class TuneConfig:
     # (BUDGET_MIN), runs of at least MIN_RUN_S, steps of at least MIN_STEP_S. A value past it could never run.
     budget_min: float = 10.0  # machine minutes for the whole tune: baseline, trials and verification; at most a week
     quality_budget: float = quality.MARGIN  # the equivalence margin a chosen candidate must meet
-    error: float = quality.ALPHA  # at most this chance that the chosen candidate is worse than the margin
+    # at most this chance that the chosen candidate is worse than the margin; above the level at which tune.seeds
+    # paired seeds could call anything equivalent (quality.smallest_level, per verification slot)
+    error: float = quality.ALPHA
     presets: List[str] = field(default_factory=list)  # conf/parallel presets to search (empty: every multi-rank one)
     # each "KEY=V1,V2": values tried one knob at a time on every preset the knob changes (ringexp/tune/space.py);
     # presets x (1 + knob values) at most MAX_CANDIDATES
@@ -82,7 +84,7 @@ class TuneConfig:
              f"step ({MAX_STEPS} steps); give fewer")
 
     def check_verification(self) -> None:
-        """Slots and seeds a budget could pay for, and an error level."""
+        """Slots and seeds a budget could pay for, and an error level that their verdicts could meet."""
         need(1 <= self.verify <= MAX_CANDIDATES, "tune.verify", self.verify,
              f"must be in [1, {MAX_CANDIDATES}] (candidates verified at full length; no space holds more)")
         need(self.seeds >= quality.MIN_SEEDS, "tune.seeds", self.seeds,
@@ -93,6 +95,14 @@ class TuneConfig:
              f"more than {MAX_RUNS // 2}: verifying one candidate would run twice as many runs, more than a week's "
              f"budget holds at {MIN_RUN_S:g} s a run")
         need(not quality.level_error(self.error), "tune.error", self.error, quality.level_error(self.error))
+        least = quality.smallest_level(self.seeds, self.quality_budget) * self.verify
+        need(least < 0.5, "tune.quality_budget", self.quality_budget,
+             f"no verdict over {self.seeds} seeds can be equivalent within it at any tune.error over tune.verify="
+             f"{self.verify} slots (docs/tune.md); give a larger tune.quality_budget, or more tune.seeds")
+        need(self.error > least, "tune.error", self.error,
+             f"no verification could pass: each test runs at tune.error / tune.verify, and {self.seeds} seeds meet "
+             f"tune.quality_budget={self.quality_budget:g} only above {least / self.verify:.3g} (docs/tune.md); give "
+             f"tune.error above {least:.3g}, or more tune.seeds")
 
 
 @dataclass
