@@ -1,7 +1,8 @@
 """Hostile inputs to the tune and to the config files ringexp tells users to load: a config file that would run code,
 a trial's directory still held by a live run, trials.jsonl and compute.json of the wrong shape, knob values out of
-range, a second tune into a live one, settings past what any budget could run. Each case is made by the test
-itself; each asserts the one line, the exit code and that nothing already written was lost."""
+range, a second tune into a live one, settings past what any budget could run, links on the way to a trial. Each
+case is made by the test itself; each asserts the one line, the exit code and that nothing already written was
+lost."""
 
 import contextlib
 import io
@@ -126,14 +127,14 @@ def test_a_trial_directory_held_by_a_live_run_is_never_deleted(tmp_path, capsys)
     p = hold(where, 60)
     try:
         with pytest.raises(ConfigError, match=rf"still writes there \(pid {p.pid}\)"):
-            trials.run(["true"], [], where, timeout=1.5)
+            trials.run(["true"], [], tmp_path, where.name, timeout=1.5)
         assert (where / "summary.json").read_text() == '{"status": "running"}' and (where / records.LOCK).exists()
         assert f"waiting for the run still writing there (pid {p.pid})" in capsys.readouterr().err
     finally:
         p.kill()
         p.wait()
     short = hold(where, 1)  # a run that ends while the trial waits: then the directory is the trial's
-    rec = trials.run(["true"], [], where, timeout=30)
+    rec = trials.run(["true"], [], tmp_path, where.name, timeout=30)
     short.wait()
     assert rec["status"] == "crashed" and not (where / "summary.json").exists(), rec
 
@@ -151,16 +152,17 @@ def test_trials_jsonl_lines_of_the_wrong_shape_are_named_and_skipped(tmp_path, c
     good = record(out, "try-r0-ddp_fp16")
     lines = [good, {"key": 5}, [1, 2], record(out, "try-r0-a", wall_s="x"), record(out, "try-r0-b", samples_s=None),
              {k: v for k, v in record(out, "try-r0-c").items() if k != "phase"},
-             record(out, "try-r0-d", dir=str(tmp_path / "elsewhere"))]
+             record(out, "try-r0-d", dir=str(tmp_path / "elsewhere")), record(out, "../../elsewhere")]
     text = "".join(json.dumps(x) + "\n" for x in lines) + '{"key": "cut sh'
     (out / "trials.jsonl").write_text(text)
     t = Tune(tune_config(out), TASK, out)
     assert list(t.log.done) == ["try-r0-ddp_fp16"] and t.budget.spent() == 2.0
     err = capsys.readouterr().err
-    for lineno in range(2, 8):
+    for lineno in range(2, 9):
         assert f"trials.jsonl:{lineno}: " in err and "skipped (that trial runs again)" in err, err
-    assert "trials.jsonl:8" not in err and "Traceback" not in err  # the last line, cut short by a kill: dropped
+    assert "trials.jsonl:9" not in err and "Traceback" not in err  # the last line, cut short by a kill: dropped
     assert "is not this tune's trial" in err and "wall_s is 'x'" in err
+    assert "its key '../../elsewhere' is not the name of a trial's directory" in err  # (read as a trial before)
 
 
 def tune_config(out):
@@ -308,4 +310,35 @@ def test_the_budget_of_verification_is_closed_form_in_the_seeds(tmp_path):
             per_seed = sum(0 if budget.full_key(t, x, i) in t.log.done else budget.full_estimate(t, x)
                            for i in range(seeds) for x in (None, c))
             assert budget.verifying(t, c) == pytest.approx(per_seed)
+
+
+def tree(path):
+    return sorted((str(p.relative_to(path)), p.read_text() if p.is_file() else None) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("link", ["trials", "trials/try-r0-ddp_fp16"])
+def test_a_link_on_the_way_to_a_trial_is_one_line_and_nothing_outside_is_touched(tmp_path, link):
+    """trials/ (or a trial's own directory) swapped for a link to a directory elsewhere: the next start removed that
+    directory's namesake there (trials.clear's rmtree) and wrote a whole run into it. Now the trial, and a tune whose
+    records name one, stop in one line naming it, before anything is read, removed or written there."""
+    out, outside = tmp_path / "tune", tmp_path / "outside"
+    (outside / "try-r0-ddp_fp16").mkdir(parents=True)
+    (outside / "try-r0-ddp_fp16" / "precious").write_text("mine")
+    (out / "trials").mkdir(parents=True)
+    if link == "trials":
+        (out / "trials").rmdir()
+        (out / "trials").symlink_to(outside)
+    else:
+        (out / link).symlink_to(outside / "try-r0-ddp_fp16")
+    before = tree(outside)
+    with pytest.raises(ConfigError, match=f"{out / link}.*: a symbolic link on the way leads outside {out}"):
+        trials.run(["true"], [], out, "try-r0-ddp_fp16", timeout=30)
+    assert tree(outside) == before
+    tc = tune_config(out)
+    (out / cli.STATE).write_text(json.dumps(cli.state(tc, TASK)))
+    (out / "trials.jsonl").write_text(json.dumps(record(out, "try-r0-ddp_fp16")) + "\n")
+    kept = tree(out)
+    code, err = tune_refusal([*TASK, "tune.trial_steps=8", f"tune.out={out}"])
+    assert code == 2 and err.count("\n") == 1 and "leads outside" in err and "Traceback" not in err, err
+    assert tree(outside) == before and tree(out) == kept
 

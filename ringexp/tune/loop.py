@@ -65,7 +65,7 @@ class Tune:
             if (start := self.trial_start(cand)) is not None:
                 line = [o for o in line if not o.startswith("compression.start_step=")]
                 line.append(f"compression.start_step={start}")
-        rec = trials.run(self.cmd, line, self.out / "trials" / key, self.tc.trial_timeout_s)
+        rec = trials.run(self.cmd, line, self.out, key, self.tc.trial_timeout_s)
         return self.log.add(rec | {"key": key, "phase": phase, "candidate": cand, "overrides": overrides,
                                    "steps": steps, "every": every, "seed": seed, "start_step": start})
 
