@@ -1,14 +1,15 @@
 """Hostile inputs to the tune and to the config files ringexp tells users to load: a config file that would run code,
 a trial's directory still held by a live run, trials.jsonl and compute.json of the wrong shape, knob values out of
-range, a second tune into a live one, settings past what any budget could run, links on the way to a trial. Each
-case is made by the test itself; each asserts the one line, the exit code and that nothing already written was
-lost."""
+range, a second tune into a live one, settings past what any budget could run, links on the way to a trial, a
+baseline over its time limit. Each case is made by the test itself; each asserts the one line, the exit code and
+that nothing already written was lost."""
 
 import contextlib
 import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -342,3 +343,26 @@ def test_a_link_on_the_way_to_a_trial_is_one_line_and_nothing_outside_is_touched
     assert code == 2 and err.count("\n") == 1 and "leads outside" in err and "Traceback" not in err, err
     assert tree(outside) == before and tree(out) == kept
 
+
+SLOW = "#!/bin/sh\nsleep 120\n"  # a training command that outlives any time limit a test gives it
+
+
+def test_a_baseline_over_its_time_limit_says_so_and_points_only_at_files_that_exist(tmp_path):
+    """It said 'fix the training overrides' and named trials/trial.log, which never exists (and a new tune's
+    directory was taken away with the trial's real log)."""
+    out, slow = tmp_path / "tune", tmp_path / "slow.sh"
+    slow.write_text(SLOW)
+    slow.chmod(0o755)
+    args = [*TASK, "tune.trial_steps=8", "tune.trial_timeout_s=2", "tune.presets=[ddp_fp16]", "tune.knobs=[]",
+            f"tune.command={slow}", f"tune.out={out}"]
+    code, err = tune_refusal(args)
+    line = error_line(err)
+    said = re.search(r"the baseline run timeout: killed after (\d+) s, over its time limit \(tune.trial_timeout_s=2\)",
+                     line)
+    assert code == 2 and said and int(said[1]) >= 2, line
+    assert "fix the training overrides" not in line and "give a larger tune.trial_timeout_s" in line, line
+    named = [p for p in line.replace("(", " ").replace(")", " ").split() if p.startswith(str(tmp_path))]
+    assert named == [str(out / "trials" / "verify-baseline-s0" / trials.LOG)] and all(map(os.path.isfile, named))
+    # the same command with a larger limit continues this tune (it runs the baseline again)
+    longer = TuneConfig(trial_steps=8, trial_timeout_s=3600, presets=["ddp_fp16"], knobs=[], command=str(slow))
+    assert records.read_json(out / cli.STATE) == cli.state(longer, TASK)

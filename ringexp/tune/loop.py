@@ -29,6 +29,11 @@ from ringexp.validate import compose_config
 
 OWN = ("steps=", "seed=", "eval_every=", "name=", "hydra.run.dir=", "hydra.sweep.dir=", "resume=")  # the tune's
 COMPUTE = ("forward_s", "backward_s", "optimizer_s")  # one rank's compute, as compute.json keeps it
+# what to do about a baseline run that did not complete, by its status (the same command runs it again; a command
+# of other training overrides is another tune, in another directory)
+NEXT = {"timeout": "give a larger tune.trial_timeout_s: the same command with it runs the baseline again",
+        "refused": "fix the training overrides, and give them a new tune.out",
+        None: "run the same command to try it again, or fix the training overrides and give them a new tune.out"}
 
 
 class Tune:
@@ -104,8 +109,10 @@ class Tune:
             self.log.drop(first)  # nothing can go on without it: each start of the same command tries it again
         rec = self.full(None, 0)
         if rec["status"] != "completed":
-            raise ConfigError(f"the baseline run {rec['status']}: {rec['reason']} (see {Path(rec['dir']).parent}/"
-                              f"{trials.LOG}); fix the training overrides, then run the same command again")
+            log = trials.where(self.out, first) / trials.LOG
+            said = f" (its output: {log})" if os.path.isfile(log) else ""
+            raise ConfigError(f"the baseline run {rec['status']}: {rec['reason']}{said}; "
+                              f"{NEXT.get(rec['status'], NEXT[None])}")
         return rec
 
     def predict(self, base_rec: dict) -> None:

@@ -66,7 +66,8 @@ def run(cmd: list, overrides: list, out: Path, key: str, timeout: float) -> dict
             code = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop(p)
-            return ended(start, run_dir, "timeout", f"stopped after {timeout:.0f} s (tune.trial_timeout_s)")
+            return ended(start, run_dir, "timeout", f"killed after {time.monotonic() - start:.0f} s, over its time "
+                         f"limit (tune.trial_timeout_s={timeout:g})")
         except KeyboardInterrupt:
             stop(p, signal.SIGINT)
             raise
