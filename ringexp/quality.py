@@ -5,6 +5,7 @@
     validation_set(a, b, labels, margin)        one run per side: a paired bootstrap over the validation samples of
                                                 the difference in macro-AUROC and macro-F1 (scipy.stats.bootstrap)
     decide(diff, ci95, ci_eq, margin)           the verdict both end in (VERDICTS)
+    smallest_level(seeds, margin)               the level below which no paired seeds could be called equivalent
     task_of(cfg, world_size)                    what a verdict was measured on (a record holds it: the planner uses a
                                                 verdict only for the same task)
     read_record(path)                           quality.json (compare.groups' Report.write), every verdict checked
@@ -41,6 +42,9 @@ MIN_SEEDS = 2  # paired seeds a decision needs (the t interval over seeds is exa
 INDICATIVE = "one seed (indicative)"  # what a verdict on fewer seeds is called wherever a decision would be shown
 FORMAT = 3  # quality.json's format: 2 recorded the task and, per verdict, its seeds and its equivalence level; 3 only
 # pairs runs of the baseline's task and code versions, one per seed, and names the runs it left out
+# The finest step between two recorded macro-AUROCs at or above chance: torchmetrics computes them in float32 (even
+# from float64 scores), whose values in [0.5, 1) are multiples of 2^-24; so are the paired differences of two runs'.
+RESOLUTION = 2.0 ** -24
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,16 @@ def level_error(alpha) -> str:
     """Why `alpha` cannot be an error level ('' when it can): one range for every program that takes one."""
     ok = type(alpha) in (int, float) and 0 < alpha < 0.5  # (NaN fails both)
     return "" if ok else f"must be in (0, 0.5), e.g. {ALPHA} (the chance of calling a harmful change equivalent)"
+
+
+def smallest_level(seeds: int, margin: float) -> float:
+    """The level `alpha` that each one-sided test must exceed for any `seeds` paired differences to be called
+    equivalent at `margin`. Differences not all equal lie on a grid of RESOLUTION, so their standard deviation is at
+    least RESOLUTION / sqrt(seeds), and the 1 - 2 alpha interval reaches at least t(1 - alpha) * RESOLUTION / seeds
+    either side of their mean: inside the margin only where that is below it. (Differences all equal decide an
+    exact zero only, measuring nothing.) Nor can alpha be below float64's step below 1: 1 - alpha would round to 1,
+    and the interval be infinite."""
+    return max(float(scipy_stats().t.sf(margin * seeds / RESOLUTION, seeds - 1)), float(np.finfo(float).eps))
 
 
 def decide(diff: float, ci95: tuple, ci_eq: tuple, margin: float) -> str:

@@ -17,7 +17,8 @@ directory, then renamed over the name, so that a reader sees the old file or the
 the name or at a fixed temporary name is replaced, never followed), `open_append` (files that grow: metrics.jsonl,
 logs; opened without following a symlink) or `make_dir` (a directory ringexp writes into: created, or found as a
 real directory, never a symlink). The directory named by the user (hydra.run.dir, out=) may itself be a link the
-user made; what ringexp creates inside it is never followed.
+user made; what ringexp creates inside it is never followed. A path ringexp builds below it from records (a tune's
+trials) is checked whole with `inside`: every link on the way followed, it must still lie inside.
 """
 
 import contextlib
@@ -192,6 +193,20 @@ def make_dir(path) -> Path:
         raise OSError(errno.ENOTDIR, "a symbolic link or not a directory, which ringexp does not write into",
                       str(path))
     return path
+
+
+def inside(root, path) -> Path:
+    """`path` with every symbolic link on the way followed, where that lies inside directory `root` (resolved too:
+    the directory a user names may be a link); OSError naming `path` otherwise. A link at any name on the way, not
+    only the last, would lead a read, a write or a removal anywhere."""
+    top = Path(root).resolve()
+    try:
+        real = Path(path).resolve()
+    except RuntimeError:  # (a loop of links)
+        raise OSError(errno.ELOOP, "a loop of symbolic links", str(path)) from None
+    if not real.is_relative_to(top):
+        raise OSError(errno.EXDEV, f"a symbolic link on the way leads outside {top} (to {real})", str(path))
+    return real
 
 
 def read_bench(path):

@@ -1,26 +1,38 @@
 """Hostile inputs to the tune (option files that would run code: tests/test_conffiles.py): a trial's directory still
 held by a live run, trials.jsonl and compute.json of the wrong shape, knob values out of range, a second tune into a
-live one. Each case is made by the test itself; each asserts the one line, the exit
-code and that nothing already written was lost."""
+live one, settings past what any budget could run, links on the way to a trial, a baseline over its time limit. Each
+case is made by the test itself; each asserts the one line, the exit code and that nothing already written was
+lost."""
 
 import contextlib
 import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, TINY, alive, descendants, run_module, start_module, train_command
+from conftest import (
+    ROOT,
+    TINY,
+    alive,
+    descendants,
+    error_line,
+    run_module,
+    start_module,
+    train_command,
+    within,
+)
 
 from ringexp import records
 from ringexp.cluster import files as clusters
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
-from ringexp.tune import cli, trials
-from ringexp.tune.config import TuneConfig
+from ringexp.tune import budget, cli, space, trials
+from ringexp.tune.config import MAX_RUNS, TuneConfig
 from ringexp.tune.loop import Tune
 
 TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
@@ -59,14 +71,14 @@ def test_a_trial_directory_held_by_a_live_run_is_never_deleted(tmp_path, capsys)
     p = hold(where, 60)
     try:
         with pytest.raises(ConfigError, match=rf"still writes there \(pid {p.pid}\)"):
-            trials.run(["true"], [], where, timeout=1.5)
+            trials.run(["true"], [], tmp_path, where.name, timeout=1.5)
         assert (where / "summary.json").read_text() == '{"status": "running"}' and (where / records.LOCK).exists()
         assert f"waiting for the run still writing there (pid {p.pid})" in capsys.readouterr().err
     finally:
         p.kill()
         p.wait()
     short = hold(where, 1)  # a run that ends while the trial waits: then the directory is the trial's
-    rec = trials.run(["true"], [], where, timeout=30)
+    rec = trials.run(["true"], [], tmp_path, where.name, timeout=30)
     short.wait()
     assert rec["status"] == "crashed" and not (where / "summary.json").exists(), rec
 
@@ -84,16 +96,17 @@ def test_trials_jsonl_lines_of_the_wrong_shape_are_named_and_skipped(tmp_path, c
     good = record(out, "try-r0-ddp_fp16")
     lines = [good, {"key": 5}, [1, 2], record(out, "try-r0-a", wall_s="x"), record(out, "try-r0-b", samples_s=None),
              {k: v for k, v in record(out, "try-r0-c").items() if k != "phase"},
-             record(out, "try-r0-d", dir=str(tmp_path / "elsewhere"))]
+             record(out, "try-r0-d", dir=str(tmp_path / "elsewhere")), record(out, "../../elsewhere")]
     text = "".join(json.dumps(x) + "\n" for x in lines) + '{"key": "cut sh'
     (out / "trials.jsonl").write_text(text)
     t = Tune(tune_config(out), TASK, out)
     assert list(t.log.done) == ["try-r0-ddp_fp16"] and t.budget.spent() == 2.0
     err = capsys.readouterr().err
-    for lineno in range(2, 8):
+    for lineno in range(2, 9):
         assert f"trials.jsonl:{lineno}: " in err and "skipped (that trial runs again)" in err, err
-    assert "trials.jsonl:8" not in err and "Traceback" not in err  # the last line, cut short by a kill: dropped
+    assert "trials.jsonl:9" not in err and "Traceback" not in err  # the last line, cut short by a kill: dropped
     assert "is not this tune's trial" in err and "wall_s is 'x'" in err
+    assert "its key '../../elsewhere' is not the name of a trial's directory" in err  # (read as a trial before)
 
 
 def tune_config(out):
@@ -188,3 +201,111 @@ def test_a_killed_tune_leaves_no_trial_running_and_the_same_command_continues(tm
     recs = [json.loads(x) for x in (out / "trials.jsonl").read_text().splitlines()]
     assert all(r["status"] == "completed" for r in recs), [(r["key"], r["status"], r.get("reason")) for r in recs]
     assert any(r["key"] == "try-r0-ddp_fp16" for r in recs)
+
+
+BIG = "1000000000000"
+ABSURD = [  # (arguments, what the one line says): each ran a tune whose budget arithmetic looped for days, or worse
+    ([f"tune.seeds={BIG}"], f"tune.seeds={BIG}: more than {MAX_RUNS // 2}"),
+    ([f"tune.verify={BIG}"], f"tune.verify={BIG}: must be in [1, 1024]"),
+    ([f"tune.rungs={BIG}"], f"tune.eta, rungs=2, {BIG}: need eta in [2, 1024] and 1 to 11 rungs"),
+    ([f"tune.eta={BIG}"], f"tune.eta, rungs={BIG}, 2: need eta in [2, 1024]"),
+    ([f"tune.trial_steps={BIG}"], f"tune.trial_steps={BIG}: must be in [1, 6048000000]"),
+    (["tune.trial_steps=10", "tune.eta=1024", "tune.rungs=11"], "the last rung's trials would run 1.27e+31 steps"),
+    (["tune.budget_min=1e12"], "tune.budget_min=1000000000000.0: must be > 0 and at most a week"),
+    (["tune.trial_timeout_s=inf"], "tune.trial_timeout_s=inf: must be > 0 seconds and at most a week"),
+    ([f"tune.knobs=['accumulation.steps={','.join(map(str, range(1, 2001)))}']"], "2000 knob values: 30015 candidates"),
+    ([f"tune.presets=[{','.join(['ddp'] * 2000)}]"], "2000 presets, 7 knob values: 16000 candidates"),
+    (["tune.command=" + "x" * 200_000], "longer than 131072 characters"),
+    (["tune.seed=-1"], "tune.seed=-1: must be in [0, 2^64)"),
+    (["tune.error=1e-300"], "tune.error=1e-300: no verification could pass"),
+    (["tune.quality_budget=0"], "tune.quality_budget=0.0: no verdict over 3 seeds can be equivalent within it"),
+    (["tune.cluster=nowhere"], "conf/cluster/nowhere.yaml: cannot read it"),
+]
+
+
+@pytest.mark.parametrize("args,says", ABSURD, ids=[a[0][:30] for a, _ in ABSURD])
+def test_a_setting_past_what_any_budget_could_run_is_one_line_within_seconds(tmp_path, args, says):
+    """Each once started a tune (its baseline, then the halving) that never ended; tune.cluster was read only after
+    the baseline's run."""
+    out = tmp_path / "tune"
+    with within(30):
+        code, err = tune_refusal([*TASK, *args, f"tune.out={out}"])
+    assert code == 2 and says in err and err.count("\n") == 1 and "Traceback" not in err, err[:2000]
+    assert not out.exists()
+
+
+def test_the_budget_of_verification_is_closed_form_in_the_seeds(tmp_path):
+    """What verifying still costs, at the most seeds a budget could run, is the seeds not recorded times a run's
+    estimate, counted over the records (a sum over tune.seeds took days at absurd values); at 3 seeds it is the
+    per-seed sum it replaces."""
+    for seeds in (3, MAX_RUNS // 2):
+        t = Tune(TuneConfig(trial_steps=8, seeds=seeds), TASK, tmp_path / str(seeds))
+        c = space.Candidate("ddp_fp16", ["+parallel=ddp_fp16"], t.base, {"step_s": 0.2, "samples_s": 1.0})
+        t.order, t.base_pred, t.scale = [c], {"step_s": 0.1, "samples_s": 2.0}, 1.0
+        for key, cand in (("verify-baseline-s0", "baseline"), ("verify-baseline-s2", "baseline"),
+                          ("verify-ddp_fp16-s1", "ddp_fp16"), ("verify-baseline-s007", "baseline")):
+            t.log.done[key] = record(t.out, key, phase="verify", candidate=cand, steps=12, every=6, wall_s=20.0)
+        base, mine = budget.full_estimate(t, None), budget.full_estimate(t, c)
+        with within(5):
+            assert budget.left(t, None) == seeds - 2 and budget.left(t, c) == seeds - 1  # (s007 is no seed's key)
+            assert budget.reserve(t) == pytest.approx((seeds - 2) * base + seeds * mine)
+            assert budget.verifying(t, c) == pytest.approx((seeds - 2) * base + (seeds - 1) * mine)
+        if seeds == 3:
+            per_seed = sum(0 if budget.full_key(t, x, i) in t.log.done else budget.full_estimate(t, x)
+                           for i in range(seeds) for x in (None, c))
+            assert budget.verifying(t, c) == pytest.approx(per_seed)
+
+
+def tree(path):
+    return sorted((str(p.relative_to(path)), p.read_text() if p.is_file() else None) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("link", ["trials", "trials/try-r0-ddp_fp16"])
+def test_a_link_on_the_way_to_a_trial_is_one_line_and_nothing_outside_is_touched(tmp_path, link):
+    """trials/ (or a trial's own directory) swapped for a link to a directory elsewhere: the next start removed that
+    directory's namesake there (trials.clear's rmtree) and wrote a whole run into it. Now the trial, and a tune whose
+    records name one, stop in one line naming it, before anything is read, removed or written there."""
+    out, outside = tmp_path / "tune", tmp_path / "outside"
+    (outside / "try-r0-ddp_fp16").mkdir(parents=True)
+    (outside / "try-r0-ddp_fp16" / "precious").write_text("mine")
+    (out / "trials").mkdir(parents=True)
+    if link == "trials":
+        (out / "trials").rmdir()
+        (out / "trials").symlink_to(outside)
+    else:
+        (out / link).symlink_to(outside / "try-r0-ddp_fp16")
+    before = tree(outside)
+    with pytest.raises(ConfigError, match=f"{out / link}.*: a symbolic link on the way leads outside {out}"):
+        trials.run(["true"], [], out, "try-r0-ddp_fp16", timeout=30)
+    assert tree(outside) == before
+    tc = tune_config(out)
+    (out / cli.STATE).write_text(json.dumps(cli.state(tc, TASK)))
+    (out / "trials.jsonl").write_text(json.dumps(record(out, "try-r0-ddp_fp16")) + "\n")
+    kept = tree(out)
+    code, err = tune_refusal([*TASK, "tune.trial_steps=8", f"tune.out={out}"])
+    assert code == 2 and err.count("\n") == 1 and "leads outside" in err and "Traceback" not in err, err
+    assert tree(outside) == before and tree(out) == kept
+
+
+SLOW = "#!/bin/sh\nsleep 120\n"  # a training command that outlives any time limit a test gives it
+
+
+def test_a_baseline_over_its_time_limit_says_so_and_points_only_at_files_that_exist(tmp_path):
+    """It said 'fix the training overrides' and named trials/trial.log, which never exists (and a new tune's
+    directory was taken away with the trial's real log)."""
+    out, slow = tmp_path / "tune", tmp_path / "slow.sh"
+    slow.write_text(SLOW)
+    slow.chmod(0o755)
+    args = [*TASK, "tune.trial_steps=8", "tune.trial_timeout_s=2", "tune.presets=[ddp_fp16]", "tune.knobs=[]",
+            f"tune.command={slow}", f"tune.out={out}"]
+    code, err = tune_refusal(args)
+    line = error_line(err)
+    said = re.search(r"the baseline run timeout: killed after (\d+) s, over its time limit \(tune.trial_timeout_s=2\)",
+                     line)
+    assert code == 2 and said and int(said[1]) >= 2, line
+    assert "fix the training overrides" not in line and "give a larger tune.trial_timeout_s" in line, line
+    named = [p for p in line.replace("(", " ").replace(")", " ").split() if p.startswith(str(tmp_path))]
+    assert named == [str(out / "trials" / "verify-baseline-s0" / trials.LOG)] and all(map(os.path.isfile, named))
+    # the same command with a larger limit continues this tune (it runs the baseline again)
+    longer = TuneConfig(trial_steps=8, trial_timeout_s=3600, presets=["ddp_fp16"], knobs=[], command=str(slow))
+    assert records.read_json(out / cli.STATE) == cli.state(longer, TASK)

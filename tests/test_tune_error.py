@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ringexp import quality
 from ringexp.compare.groups import Group
+from ringexp.errors import ConfigError
 from ringexp.tune import verify
 from ringexp.tune.config import TuneConfig
 
@@ -145,3 +147,24 @@ def test_a_knob_is_blamed_only_against_its_own_preset_without_it():
     sim.verified.append((ring, (SimpleNamespace(decisive=True, word="not equivalent", seeds=6), None)))
     verify.verify(sim, [(acc, None), (other, None)], bar=lambda x, **_: x)
     assert [c.name for c, _ in sim.skipped] == [other.name], (sim.verified, sim.skipped)
+
+
+@pytest.mark.parametrize("seeds,margin", [(2, 1e-5), (3, 1e-6), (3, MARGIN)])
+def test_the_smallest_level_is_where_the_most_favourable_seeds_become_equivalent(seeds, margin):
+    """The differences most easily called equivalent that runs can record (all equal but one, RESOLUTION apart:
+    all equal decides only an exact zero) are equivalent just above quality.smallest_level, and not just below."""
+    least = quality.smallest_level(seeds, margin)
+    d = [0.0] * (seeds - 1) + [quality.RESOLUTION]
+    assert quality.paired_seeds(d, margin, least * 1.05).word == "equivalent"
+    assert quality.paired_seeds(d, margin, least / 1.05).word != "equivalent"
+
+
+def test_an_error_level_no_verification_could_meet_is_refused_naming_the_least_one():
+    """tune.error=1e-300 was accepted: each test at 3e-301, whose interval no three seeds could fit in the margin
+    (its quantile rounds to infinity), so the tune verified candidates it could never choose."""
+    least = quality.smallest_level(3, MARGIN) * 3  # (each of tune.verify's 3 tests at tune.error / 3)
+    with pytest.raises(ConfigError, match=f"tune.error=1e-300: no verification could pass: .* above {least:.3g}"):
+        TuneConfig(error=1e-300)
+    TuneConfig(error=least * 1.05)
+    with pytest.raises(ConfigError, match="tune.quality_budget=0: no verdict over 3 seeds can be equivalent"):
+        TuneConfig(quality_budget=0)

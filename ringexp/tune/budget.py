@@ -1,6 +1,7 @@
 """What a tune's trials cost in machine seconds: the budget (what the records have spent, whether it covers the next
 run), and the estimates it is checked against (a run's steps at its measured or predicted step time, its start, its
-evaluations; what verifying one candidate still needs)."""
+evaluations; what verifying one candidate still needs). Each is in closed form: its work grows with the records,
+never with a number the user gave (tune.seeds may be far more than will ever run)."""
 
 import dataclasses
 import math
@@ -50,12 +51,35 @@ def full_estimate(t, c) -> float:
 def reserve(t) -> float:
     """What verifying one candidate still needs: the baseline's seeds not run yet, and the seeds of the
     first candidate in the order."""
-    base = sum(full_estimate(t, None) for i in range(t.tc.seeds)
-               if f"verify-baseline-s{t.base.seed + i}" not in t.log.done)
-    return base + t.tc.seeds * full_estimate(t, t.order[0])
+    return left(t, None) * full_estimate(t, None) + t.tc.seeds * full_estimate(t, t.order[0])
 
 
-def cost(t, c, i: int) -> float:
-    """What seed `i`'s full-length run of `c` (None: the baseline) still costs: 0 once recorded."""
-    key = f"verify-{'baseline' if c is None else trials.slug(c.name)}-s{t.base.seed + i}"
-    return 0.0 if key in t.log.done else full_estimate(t, c)
+def verifying(t, c) -> float:
+    """What the seeds of `c` and the baseline's not run yet still cost."""
+    return sum(left(t, x) * full_estimate(t, x) for x in (None, c))
+
+
+def full_key(t, c, i: int) -> str:
+    """trials.jsonl's key of seed `i`'s full-length run of `c` (None: the baseline)."""
+    return f"{prefix(c)}{t.base.seed + i}"
+
+
+def prefix(c) -> str:
+    return f"verify-{'baseline' if c is None else trials.slug(c.name)}-s"
+
+
+def left(t, c) -> int:
+    """How many of the tune.seeds full-length runs of `c` (None: the baseline) trials.jsonl does not hold yet."""
+    start, ran = prefix(c), 0
+    for key in t.log.done:
+        i = index(key.removeprefix(start), t.base.seed) if key.startswith(start) else None
+        ran += i is not None and 0 <= i < t.tc.seeds
+    return t.tc.seeds - ran
+
+
+def index(seed: str, first: int):
+    """The index among the seeds from `first` of `seed` as a key writes it, or None where it is no such seed."""
+    try:
+        return int(seed) - first if str(int(seed)) == seed else None
+    except ValueError:  # (not a number, or more digits than Python converts)
+        return None

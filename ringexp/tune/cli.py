@@ -81,7 +81,11 @@ def checked(cfg, train: list):
 def reachable(cmd: list, train: list) -> None:
     """ConfigError where the trials' launcher cannot start: its program missing, Slurm not answering, the local
     cluster not up."""
-    if not (shutil.which(cmd[0]) or Path(cmd[0]).is_file()):
+    try:
+        found = shutil.which(cmd[0]) or Path(cmd[0]).is_file()
+    except OSError:  # (a name longer than a file name can be)
+        found = False
+    if not found:
         raise ConfigError(f"tune.command: cannot run '{cmd[0]}' (no such program); give the command a trial runs")
     checks = [[cmd[0], "status"]] if Path(cmd[0]).name == "cluster_local.sh" else []
     if any(o.startswith("hydra/launcher=slurm") for o in train):
@@ -111,9 +115,13 @@ def affordable(tc, tune: Tune) -> None:
                           f"about {need / 60:.1f} min here; give at least that (tune.budget_min)")
 
 
+MAY_CHANGE = ("budget_min", "trial_timeout_s", "out")  # what a second start may change: more time (a baseline that
+# ran out of its time is run again on the next start)
+
+
 def state(tc, train: list) -> dict:
-    """What must match for a second start to continue a tune (its budget may grow)."""
-    return {"train": train, "tune": {k: v for k, v in plain(tc).items() if k not in ("budget_min", "out")}}
+    """What must match for a second start to continue a tune."""
+    return {"train": train, "tune": {k: v for k, v in plain(tc).items() if k not in MAY_CHANGE}}
 
 
 def check_out(out: Path, tc, train: list) -> bool:
@@ -124,9 +132,12 @@ def check_out(out: Path, tc, train: list) -> bool:
                           "another tune.out")
     if path.exists():
         try:
-            same = records.read_json(path) == state(tc, train)
+            kept = records.read_json(path)
         except (OSError, ValueError):
-            same = False
+            kept = None
+        if isinstance(kept, dict) and isinstance(kept.get("tune"), dict):  # (an older tune.json kept them all)
+            kept["tune"] = {k: v for k, v in kept["tune"].items() if k not in MAY_CHANGE}
+        same = kept == state(tc, train)
         if not same:
             raise ConfigError(f"tune.out={out}: holds a tune of another configuration ({STATE}); give the same "
                               "command to continue it, or another tune.out")
@@ -168,7 +179,7 @@ def main(argv=None) -> int:
 def start(cfg, train: list, args: list) -> int:
     """Check everything, then run the tune into Hydra's run directory (absolute: a trial's run directory is given to
     launchers that may start it elsewhere, a Slurm task); a refused tune takes away the directory it made."""
-    out = Path(HydraConfig.get().runtime.output_dir).absolute()
+    out, accepted = Path(HydraConfig.get().runtime.output_dir).absolute(), False
     try:
         tc = checked(cfg, train)
         again = check_out(out, tc, train)  # (before its records are read: they may be anyone's)
@@ -181,9 +192,11 @@ def start(cfg, train: list, args: list) -> int:
             records.claim(out)  # (a second start names this one)
             if not again:
                 records.write_json(out / STATE, state(tc, train))
+            accepted = True
             return run(tune, args)
     except (ConfigError, RunDirTaken) as e:
-        rundir.undo(out)
+        if not accepted:  # (once accepted, what its trials wrote is kept: the same command continues from it)
+            rundir.undo(out)
         print_error(str(e))
         return 2
 

@@ -29,6 +29,11 @@ from ringexp.validate import compose_config
 
 OWN = ("steps=", "seed=", "eval_every=", "name=", "hydra.run.dir=", "hydra.sweep.dir=", "resume=")  # the tune's
 COMPUTE = ("forward_s", "backward_s", "optimizer_s")  # one rank's compute, as compute.json keeps it
+# what to do about a baseline run that did not complete, by its status (the same command runs it again; a command
+# of other training overrides is another tune, in another directory)
+NEXT = {"timeout": "give a larger tune.trial_timeout_s: the same command with it runs the baseline again",
+        "refused": "fix the training overrides, and give them a new tune.out",
+        None: "run the same command to try it again, or fix the training overrides and give them a new tune.out"}
 
 
 class Tune:
@@ -41,6 +46,8 @@ class Tune:
             raise ConfigError(f"tune.trial_steps={tc.trial_steps}: a trial measures its throughput after "
                               f"throughput_warmup={self.base.throughput_warmup} steps; give at least "
                               f"{self.base.throughput_warmup + 5}")
+        if tc.cluster:  # (read again once the baseline has run: a mistake in it is found before)
+            clusters.read(clusters.path_of(tc.cluster))
         self.cmd = trials.command(tc.command)
         self.log = trials.Log(out / "trials.jsonl", out)
         self.budget = budget.Budget(tc.budget_min * 60, self.log)
@@ -63,7 +70,7 @@ class Tune:
             if (start := self.trial_start(cand)) is not None:
                 line = [o for o in line if not o.startswith("compression.start_step=")]
                 line.append(f"compression.start_step={start}")
-        rec = trials.run(self.cmd, line, self.out / "trials" / key, self.tc.trial_timeout_s)
+        rec = trials.run(self.cmd, line, self.out, key, self.tc.trial_timeout_s)
         return self.log.add(rec | {"key": key, "phase": phase, "candidate": cand, "overrides": overrides,
                                    "steps": steps, "every": every, "seed": seed, "start_step": start})
 
@@ -97,13 +104,15 @@ class Tune:
     def diagnose(self) -> dict:
         """The baseline at full length, seed 0: the checklist's numbers, and the first of the baseline's seeds that
         verification needs anyway, so that the budget knows from the start what a full-length run costs."""
-        first = "verify-baseline-s" + str(self.base.seed)
+        first = budget.full_key(self, None, 0)
         if self.log.done.get(first, {}).get("status", "completed") != "completed":
             self.log.drop(first)  # nothing can go on without it: each start of the same command tries it again
         rec = self.full(None, 0)
         if rec["status"] != "completed":
-            raise ConfigError(f"the baseline run {rec['status']}: {rec['reason']} (see {Path(rec['dir']).parent}/"
-                              f"{trials.LOG}); fix the training overrides, then run the same command again")
+            log = trials.where(self.out, first) / trials.LOG
+            said = f" (its output: {log})" if os.path.isfile(log) else ""
+            raise ConfigError(f"the baseline run {rec['status']}: {rec['reason']}{said}; "
+                              f"{NEXT.get(rec['status'], NEXT[None])}")
         return rec
 
     def predict(self, base_rec: dict) -> None:
@@ -225,12 +234,12 @@ class Tune:
             f"samples) could not be the baseline's; give {bad} a multiple of {own}")
 
     def full(self, c, i: int) -> dict:
-        seed = self.base.seed + i
+        seed, key = self.base.seed + i, budget.full_key(self, c, i)
         if c is None:
-            return self.trial(f"verify-baseline-s{seed}", "diagnose" if i == 0 else "verify", "baseline", [],
-                              self.base.steps, seed, self.base.eval_every)
+            return self.trial(key, "diagnose" if i == 0 else "verify", "baseline", [], self.base.steps, seed,
+                              self.base.eval_every)
         steps, every = self.full_steps(c)
-        return self.trial(f"verify-{trials.slug(c.name)}-s{seed}", "verify", c.name, c.overrides, steps, seed, every)
+        return self.trial(key, "verify", c.name, c.overrides, steps, seed, every)
 
     def affords(self, c) -> bool:
         return verify.affords(self, c)

@@ -1,16 +1,19 @@
 """Trials: one training run each, through the user's launcher, recorded in trials.jsonl whatever its end.
 
     command(text)                  the training command a trial runs (tune.command, else this Python's train)
-    run(cmd, overrides, where, timeout)
-                                   run one; a record of how it ended: completed (its throughput, step, wall time),
-                                   refused (exit 2: the configuration), timeout, out of memory or crashed (the
-                                   reason, from the run's summary or the last line it printed)
+    run(cmd, overrides, out, key, timeout)
+                                   run one into the tune `out`'s trials/KEY; a record of how it ended: completed
+                                   (its throughput, step, wall time), refused (exit 2: the configuration),
+                                   timeout, out of memory or crashed (the reason, from the run's summary or the
+                                   last line it printed)
     Log(path, out)                 trials.jsonl: every record by key, appended and flushed one line at a time, so
                                    that a tune killed at any point continues from what it recorded; a line that
                                    is no record of this tune's is named and skipped (that trial runs again)
 
 A trial's first process is ringexp.tune.keeper, which stops the trial when the tune dies, however it dies; and a
-trial's directory is reused only once no live run holds it (records.holder).
+trial's directory is reused only once no live run holds it (records.holder). Every trial's directory, run or read
+back, must lie inside the tune with every link on the way followed (`where`): trials/ or a trial's directory
+swapped for a link to elsewhere would have a directory there removed, and a run written or read there.
 """
 
 import math
@@ -27,6 +30,7 @@ from ringexp import records
 from ringexp.errors import ConfigError, one_line, print_warning
 
 LOG = "trial.log"  # a trial's own output, in its directory
+TRIALS = "trials"  # the tune's folder of trial directories, one per key
 PHASES = ("diagnose", "predict", "try", "verify")
 
 
@@ -46,26 +50,44 @@ def argv(cmd: list, overrides: list, where: Path) -> tuple:
     return [*cmd, *overrides, f"hydra.run.dir={where}"], where
 
 
-def run(cmd: list, overrides: list, where: Path, timeout: float) -> dict:
-    """Run one trial into `where` (a directory of a tune's: anything left there by an attempt a kill cut short is
-    removed first, once no live run holds it) and return its record. Ctrl-C stops the trial (its process group)
+def run(cmd: list, overrides: list, out: Path, key: str, timeout: float) -> dict:
+    """Run one trial into the tune `out`'s trial directory `key` (anything left there by an attempt a kill cut short
+    is removed first, once no live run holds it) and return its record. Ctrl-C stops the trial (its process group)
     and is raised again."""
-    clear(where, timeout)
-    records.make_dir(where)
-    line, run_dir = argv(cmd, overrides, where)
+    here = where(out, key)
+    clear(here, timeout)
+    records.make_dir(here)
+    line, run_dir = argv(cmd, overrides, here)
     start = time.monotonic()
-    with records.open_append(where / LOG) as log:
+    with records.open_append(here / LOG) as log:
         p = subprocess.Popen([sys.executable, "-m", "ringexp.tune.keeper", str(os.getpid()), *line], stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop(p)
-            return ended(start, run_dir, "timeout", f"stopped after {timeout:.0f} s (tune.trial_timeout_s)")
+            return ended(start, run_dir, "timeout", f"killed after {time.monotonic() - start:.0f} s, over its time "
+                         f"limit (tune.trial_timeout_s={timeout:g})")
         except KeyboardInterrupt:
             stop(p, signal.SIGINT)
             raise
-    return outcome(code, start, run_dir, where / LOG)
+    return outcome(code, start, run_dir, here / LOG)
+
+
+def where(out: Path, key: str) -> Path:
+    """Trial `key`'s directory in the tune `out`; ConfigError unless it lies inside `out` with every link on the way
+    followed (records.inside)."""
+    return inside(out, out / TRIALS / key)
+
+
+def inside(out: Path, path) -> Path:
+    """`path`, where it lies inside the tune `out` with every link on the way followed; ConfigError otherwise."""
+    try:
+        records.inside(out, path)
+    except OSError as e:
+        raise ConfigError(f"{e.filename}: {e.strerror}; remove the link (what it points to is left as it is), then "
+                          "run the same command again") from None
+    return Path(path)
 
 
 def clear(where: Path, wait_s: float) -> None:
@@ -90,8 +112,10 @@ def clear(where: Path, wait_s: float) -> None:
 
 
 def live_holder(where: Path):
-    """The pid of a live run holding `where` or its sweep's job directory (`where`/0), else None."""
-    return next((pid for d in (where, where / "0") if (pid := records.holder(d)) is not None), None)
+    """The pid of a live run holding `where` or its sweep's job directory (`where`/0: never a link, which the tune
+    did not make and does not follow), else None."""
+    jobs = [] if os.path.islink(where / "0") else [where / "0"]
+    return next((pid for d in (where, *jobs) if (pid := records.holder(d)) is not None), None)
 
 
 def stop(p, sig=signal.SIGTERM, grace: float = 30.0) -> None:
@@ -162,6 +186,8 @@ class Log:
                 print_warning(f"{path}:{lineno}: {why}; skipped (that trial runs again)")
             if not why:
                 self.done[r["key"]] = r
+                if "dir" in r:  # (read back as a run: it must lie inside the tune, whatever links lie on the way)
+                    inside(out, r["dir"])
 
     def add(self, record: dict) -> dict:
         self.done[record["key"]] = record
@@ -191,7 +217,9 @@ def problem(r, out: Path):
         return "no candidate, steps and eval spacing of a trial"
     if type(r.get("seed")) is not int or not isinstance(r.get("overrides"), list):
         return "no seed and overrides of a trial"
-    trial = out / "trials" / r["key"]
+    if r["key"] in ("", ".", "..") or any(c in r["key"] for c in "/\0"):
+        return f"its key {r['key'][:200]!r} is not the name of a trial's directory"
+    trial = out / TRIALS / r["key"]
     if r.get("dir") not in (str(trial), str(trial / "0")):
         return f"its run directory {str(r.get('dir'))[:200]!r} is not this tune's trial {trial}"
     if r["status"] == "completed" and not all(number(r.get(k), 1e-12) for k in ("samples_s", "step_s")):

@@ -87,7 +87,7 @@ def verify_one(t, c) -> bool:
 
 def affords(t, c) -> bool:
     """Whether the budget pays for every seed of `c` and the baseline still to run (or they decide it already)."""
-    return decided(t, c) or t.budget.covers(sum(budget.cost(t, x, i) for i in range(t.tc.seeds) for x in (None, c)))
+    return decided(t, c) or t.budget.covers(budget.verifying(t, c))
 
 
 def stops(verdict) -> bool:
@@ -97,7 +97,7 @@ def stops(verdict) -> bool:
 def decided(t, c) -> bool:
     """Whether `c`'s recorded runs already decide it (a continued tune): every seed run, a failed run, or a
     verdict that stops verification early."""
-    done = all(budget.cost(t, x, i) == 0 for i in range(t.tc.seeds) for x in (None, c))
+    done = budget.left(t, None) == budget.left(t, c) == 0
     failed = any(r["status"] != "completed" for r in t.log.done.values()
                  if r["phase"] in FULL and r["candidate"] in ("baseline", c.name))
     return done or failed or stops(judge(t, c))
