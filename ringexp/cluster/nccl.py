@@ -75,6 +75,12 @@ def recording():
         chosen.reset(token)
 
 
+def record(choices: list) -> None:
+    """Choices made elsewhere, recorded again while `recording` (a cost reckoned once for many equal calls)."""
+    if (log := chosen.get()) is not None:
+        log.extend(choices)
+
+
 def enabled(cl, coll: str) -> list:
     """[(algo, proto)] NCCL may run `coll` with on cluster `cl` (tuning.cc:170-179, 289-336; enqueue.cc:1790-1800),
     narrowed by the cluster's NCCL_ALGO / NCCL_PROTO (`nccl_algo`, `nccl_proto`: NCCL's syntax)."""
