@@ -157,6 +157,9 @@ BAD_CASES = [
      "case ddp-bench resnet50: run '8 GPUs': source: missing"),
     ("a measurement that is no number", lambda doc: doc["cases"][0]["runs"][0].update(step_s=-1),
      "run '1 GPU DDP': step_s: -1 must be a finite number > 0"),
+    # read silently wrong before: NCCL reads "08" as 0 (C's strtoll stops at the 8), ringexp read 8
+    ("an NCCL count NCCL reads otherwise", lambda doc: doc["cases"][0].update(env={"NCCL_MIN_NCHANNELS": "08"}),
+     "case ddp-bench resnet50: env.NCCL_MIN_NCHANNELS: 08: is no number as NCCL reads it"),
 ]
 
 
