@@ -351,6 +351,8 @@ BAD_CLUSTERS = [
     ("alias", lambda p: p.write_text("name: a\nintra: &l {alpha_s: 1.0e-5, beta_s_per_byte: 1.0e-9}\ninter: *l\n"),
      "a YAML alias"),
     ("list", lambda p: p.write_text("- name: a\n"), "not a YAML mapping"),
+    ("yaml11_boolean", lambda p: p.write_text(good_cluster_text() + "nvls: on\n"),  # (true to YAML 1.1, as read)
+     f"line {good_cluster_text().count(chr(10)) + 1}: on unquoted is a boolean to YAML 1.1"),
     ("empty", lambda p: p.write_text(""), "not a YAML mapping"),
 ]
 

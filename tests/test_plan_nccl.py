@@ -172,6 +172,25 @@ def test_a_bad_published_cases_file_is_one_line_naming_the_case_and_field(tmp_pa
     assert not (tmp_path / "acc").exists()
 
 
+UNQUOTED = [  # (where, the value unquoted, what it was read as before: silently)
+    (lambda doc: doc["cases"][0]["runs"][0], "input", "no", "false, though YAML 1.2 reads the text 'no'"),
+    (lambda doc: doc["clusters"]["dgx1_v100"], "nvls", "yes", "true, though YAML 1.2 reads the text 'yes'"),
+    (lambda doc: doc["cases"][0].setdefault("env", {}), "NCCL_MIN_NCHANNELS", "010", "8, though YAML 1.2 reads 10"),
+]
+
+
+@pytest.mark.parametrize("where, key, value, was", UNQUOTED, ids=[u[2] for u in UNQUOTED])
+def test_a_value_yaml_1_1_and_1_2_read_differently_is_refused_naming_the_file_and_line(
+        tmp_path, monkeypatch, capsys, where, key, value, was):
+    path = write_cases(tmp_path, lambda doc: where(doc).update({key: "VALUE_HERE"}))
+    text = open(path).read()
+    line_no = text[:text.index("VALUE_HERE")].count("\n") + 1
+    open(path, "w").write(text.replace("VALUE_HERE", value))
+    line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]"])
+    assert line.startswith(f"ringexp: error: cases={path}: line {line_no}: {value} unquoted is "), line
+    assert "YAML 1.1" in line and "YAML 1.2" in line and f"quote it ('{value}')" in line, line
+
+
 def test_accuracy_on_published_cases_prints_every_run_and_ratio(tmp_path, monkeypatch, capsys):
     """The table has every run with its error and NCCL's modelled choice; a run and its baseline give a ratio
     whose direction is judged; the summary leaves out the run the compute came from."""

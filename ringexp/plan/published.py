@@ -57,6 +57,8 @@ def load(path: str) -> tuple:
         doc = OmegaConf.to_container(OmegaConf.create(yaml_text(path, records.read_bytes(path, follow=True))))
     except OSError as e:
         raise ConfigError(f"cases={path}: cannot read it ({e.strerror or e}); give a published-cases YAML") from None
+    except ConfigError as e:  # yaml_text's, naming the file
+        raise ConfigError(f"cases={e}") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"cases={path}: {one_line(str(e))}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), dict) or \
