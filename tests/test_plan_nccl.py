@@ -2,6 +2,7 @@
 tables, NCCL_ALGO / NCCL_PROTO restricting it, transports below line rate, per-call and per-bucket costs,
 calibration's small-message latency, and the published cases (`plan accuracy cases=`) with their bad input."""
 
+import copy
 import dataclasses
 import json
 import sys
@@ -160,6 +161,17 @@ BAD_CASES = [
     # read silently wrong before: NCCL reads "08" as 0 (C's strtoll stops at the 8), ringexp read 8
     ("an NCCL count NCCL reads otherwise", lambda doc: doc["cases"][0].update(env={"NCCL_MIN_NCHANNELS": "08"}),
      "case ddp-bench resnet50: env.NCCL_MIN_NCHANNELS: 08: is no number as NCCL reads it"),
+    # a ratio finds its baseline by case and run name: a second case or run of one name took the other's place
+    ("two cases of one name",
+     lambda doc: doc["cases"].append(copy.deepcopy(doc["cases"][0]) | {"source": "another quote"}),
+     "case ddp-bench resnet50: name: case #0 has it too"),
+    ("two runs of one name", lambda doc: doc["cases"][0]["runs"][2].update(name="8 GPUs"),
+     "case ddp-bench resnet50: run '8 GPUs': two runs of the case have this name"),
+    ("a run its own baseline", lambda doc: doc["cases"][0]["runs"][1].update(baseline="8 GPUs"),
+     "case ddp-bench resnet50: run '8 GPUs': baseline: its own name"),  # (a ratio of 1, counted right)
+    ("a case in two units", lambda doc: doc["cases"][0]["runs"][2].update(samples_s=2462.0) or
+     drop(doc["cases"][0]["runs"][2], "step_s"),  # (a ratio of a throughput over a step time)
+     "case ddp-bench resnet50: run '16 GPUs': samples_s: the case's first run gives step_s"),
 ]
 
 
