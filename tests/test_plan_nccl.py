@@ -15,7 +15,7 @@ from conftest import ROOT, plan_refusal, published_cases
 from ringexp import comm, compress, parallel
 from ringexp.cluster import costmodel, nccl
 from ringexp.cluster import files as clusters
-from ringexp.cluster.schema import EFFICIENCY, ClusterConfig, LinkConfig
+from ringexp.cluster.schema import EFFICIENCY, ClusterConfig, LinkConfig, bytes_per_s
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.parallel.ddp import bucket_shapes
@@ -245,6 +245,7 @@ def test_calibrate_keeps_the_line_rate_and_what_the_transport_reached_of_it():
     assert costmodel.beta(LinkConfig(**{k: level[k] for k in ("alpha_s", "beta_s_per_byte", "efficiency")})) == \
         pytest.approx(8 / 20e6)
     assert "efficiency" not in clusters.inter_level(got, "10mbit", "measured")
+    assert bytes_per_s("0bit") is None and bytes_per_s("0.5mbit") == 62500  # (0: no rate)
 
 
 def test_predict_on_16_nodes_of_h100_shows_the_algorithm_and_protocol_each_preset_s_collectives_take(
