@@ -50,8 +50,10 @@ def predicted(path: str, clusters: dict, case: dict, changes: tuple = (rules.sam
             costs = []  # (cluster, its step): the changes that leave this cluster as another left it cost nothing
             for rows, change in zip(out, changes, strict=True):
                 c = change(cl)
-                if not (got := next((g for other, g in costs if other == c), None)):
-                    costs.append((c, got := parallel.step_cost(c, cfg, shapes, compute)))
+                got = next((g for other, g in costs if other == c), None)
+                if got is None:
+                    got = parallel.step_cost(c, cfg, shapes, compute)
+                    costs.append((c, got))
                 rows.append(row(case, run, got))
         except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
             refused(path, case, run, e)
