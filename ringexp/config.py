@@ -347,19 +347,34 @@ class BackendConfig:
         need(not bad, "backend.env.NCCL_SOCKET_NTHREADS", self.env.get("NCCL_SOCKET_NTHREADS"), bad)
 
 
+def nccl_count(value) -> int | None:
+    """A count as NCCL reads its variable (src/misc/param.cc ncclLoadParam: C's strtoll(value, NULL, 0), so 0x is
+    hexadecimal and a leading 0 octal: "010" is 8), or None where NCCL would not read all of it as a number: it
+    stops at the first character that is none ("08" is 0 to NCCL, "12x" 12)."""
+    got = re.fullmatch(r"[ \t\n\v\f\r]*([-+]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", str(value))
+    if not got:
+        return None
+    sign, digits = got.groups()
+    n = int(digits, 16 if digits[1:2] in ("x", "X") else 8 if digits[0] == "0" else 10)
+    return -n if sign == "-" else n
+
+
 def nccl_count_error(key: str, value: str) -> str:
     """What is wrong with a count NCCL reads (NCCL_COUNTS), or '' (also for other variables)."""
-    if key in NCCL_COUNTS and not (value.isascii() and value.isdigit() and 1 <= int(value) <= NCCL_MAX[key]):
+    if key in NCCL_COUNTS and nccl_count(value) is None:
+        return ("is no number as NCCL reads it (a C integer: a leading 0 makes it octal, so 010 is 8 and 08 is 0 "
+                "followed by text NCCL ignores); write it in decimal")
+    if key in NCCL_COUNTS and not 1 <= nccl_count(value) <= NCCL_MAX[key]:
         return f"must be an integer in [1, {NCCL_MAX[key]}] (NCCL's most)"
     return ""
 
 
 def nccl_sockets_error(env: dict) -> str:
     """NCCL's threads x sockets per thread above its MAX_SOCKETS, or ''."""
-    got = [str(env.get(k, "1")) for k in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")]
-    if all(g.isascii() and g.isdigit() for g in got) and int(got[0]) * int(got[1]) > NCCL_MAX["sockets"]:
-        return (f"times NCCL_NSOCKS_PERTHREAD={got[1]} is more than NCCL's {NCCL_MAX['sockets']} sockets per "
-                "connection; lower either")
+    got = [nccl_count(env.get(k, 1)) for k in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")]
+    if None not in got and got[0] * got[1] > NCCL_MAX["sockets"]:
+        return (f"times NCCL_NSOCKS_PERTHREAD={env.get('NCCL_NSOCKS_PERTHREAD', 1)} is more than NCCL's "
+                f"{NCCL_MAX['sockets']} sockets per connection; lower either")
     return ""
 
 

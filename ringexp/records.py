@@ -414,16 +414,24 @@ def yaml_text(path, data: bytes, mapping: bool = True) -> str:
 
 
 YAML_DEPTH = 32  # ringexp's YAML files nest 3 levels; PyYAML's parser slows down quadratically with nesting
+# ringexp reads YAML as PyYAML and OmegaConf do, by YAML 1.1's rules, where a plain `no`, `yes`, `on` or `off` is a
+# boolean and `010` the octal 8; by YAML 1.2's (most other tools', and perhaps the writer's) they are the text 'no'
+# and the number 10. Such a value is refused unquoted, so that a file means one thing whoever reads it.
+YAML_11 = yaml.resolver.Resolver()  # PyYAML's own YAML 1.1 rules for a plain scalar's type
 
 
 def check_yaml_events(text: str, mapping: bool = True) -> None:
     """ConfigError unless `text` is one YAML document (a mapping, when `mapping`), nested at most YAML_DEPTH deep,
     without aliases (an alias repeats a whole subtree: a few lines of them nest into billions of nodes once
-    built). Read as a stream of parser events, stopped at the first problem: nothing is built."""
+    built), and without a plain value YAML 1.1 and 1.2 read differently (yaml_11_only). Read as a stream of parser
+    events, stopped at the first problem: nothing is built."""
     depth, i = 0, -1
     for i, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
         if isinstance(event, yaml.AliasEvent):
             raise ConfigError("a YAML alias (*name): ringexp's files have none; write the values out")
+        if isinstance(event, yaml.ScalarEvent) and event.style is None and event.tag is None and \
+                (why := yaml_11_only(event.value)):
+            raise ConfigError(f"line {event.start_mark.line + 1}: {why}")
         if mapping and i == 2 and not isinstance(event, yaml.MappingStartEvent):  # (after stream, document start)
             raise ConfigError("not a YAML mapping of keys to values")
         depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
@@ -431,3 +439,16 @@ def check_yaml_events(text: str, mapping: bool = True) -> None:
             raise ConfigError(f"nested more than {YAML_DEPTH} deep, which no config is")
     if mapping and i < 2:  # an empty file would silently stand for the defaults
         raise ConfigError("not a YAML mapping of keys to values")
+
+
+def yaml_11_only(value: str) -> str:
+    """Why plain (unquoted) `value` means one thing to YAML 1.1 and another to YAML 1.2, or ''."""
+    kind = YAML_11.resolve(yaml.ScalarNode, value, (True, False)).rpartition(":")[2]
+    if kind == "bool" and value.lower() not in ("true", "false"):
+        return (f"{value} unquoted is a boolean to YAML 1.1, as ringexp reads it, but the text '{value}' to YAML 1.2; "
+                f"write true or false, or quote it ('{value}')")
+    if kind == "int" and value.lstrip("+-")[:1] == "0" and value.lstrip("+-")[1:2].isdigit():
+        octal, decimal = int(value.replace("_", ""), 8), int(value)
+        return (f"{value} unquoted is the octal {octal} to YAML 1.1, as ringexp reads it, but {decimal} to YAML 1.2; "
+                f"write {octal} or {decimal}, or quote it ('{value}')")
+    return ""

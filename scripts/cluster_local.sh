@@ -75,7 +75,9 @@ up() {
     esac
   done
   [[ "$nodes" =~ ^[2-8]$ ]] || fail "--nodes $nodes: give 2 to 8" 2
-  [[ "$rate" =~ ^(none|[0-9]+(\.[0-9]+)?[kmg]?(bit|bps))$ ]] || fail "--rate $rate: give a tc rate such as 1gbit or 250mbit, or none" 2
+  # a rate of 0 (a link that carries nothing) once passed here, on to `down` and tc after the namespaces were made
+  [[ "$rate" =~ ^(none|[0-9]+(\.[0-9]+)?[kmg]?(bit|bps))$ ]] && ! [[ "$rate" =~ ^[0.]+[kmg]?(bit|bps)$ ]] ||
+    fail "--rate $rate: give a tc rate above 0 such as 1gbit or 250mbit, or none" 2
   need
   if [ -f "$dir/nodes" ] && [ "$(cat "$dir/nodes")" = "$nodes $rate $slurm" ] && status >/dev/null 2>&1; then
     echo "cluster_local: already up ($nodes nodes, $rate${slurm:+, Slurm})"; return

@@ -288,6 +288,9 @@ BAD = [
     (["predict", "quality=/nonexistent/q.json"], "quality=/nonexistent/q.json: no such file (give the quality.json"),
     (["predict", "quality_budget=-0.01"], "quality_budget=-0.01: must be in [0, 1)"),
     (["calibrate", "nprocs=1"], "nprocs=1: calibrate needs at least 2 ranks"),
+    # a line rate of 0 was taken as none: the link kept as measured, transport=socket's ceiling not kept, no word
+    (["accuracy", "line_rate=0bit"], "line_rate=0bit: give a rate above 0 as tc writes it"),
+    (["calibrate", "transport=socket", "line_rate=0.0mbit"], "line_rate=0.0mbit: give a rate above 0"),
     (["accuracy", "bench=[/nonexistent/bench.json]"], "bench=/nonexistent/bench.json: cannot read it"),
     (["guess"], "first argument must be calibrate, predict or accuracy"),
 ]
@@ -321,6 +324,25 @@ def test_the_command_line_says_one_line_and_exits_2(tmp_path):
     assert r.returncode == 2 and "cluster=nosuch: no such cluster file; choose from" in error_line(r.stderr)
 
 
+def test_the_local_cluster_refuses_a_rate_of_0_before_making_anything_and_without_root(tmp_path):
+    """`cluster_local.sh up --rate 0bit` passed the script's check: as root it took a cluster that was up down and
+    made namespaces and a bridge before tc had the rate. Now one line and exit 2 before anything: here for a user
+    who is not root, with ip, tc and nsenter that only record that they ran."""
+    tools, ran = tmp_path / "bin", tmp_path / "ran"
+    tools.mkdir()
+    for tool, body in (("ip", f'echo ip "$@" >>{ran}'), ("tc", f'echo tc "$@" >>{ran}'),
+                       ("nsenter", f'echo nsenter "$@" >>{ran}'), ("id", "echo 1000")):  # (id -u: not root)
+        (tools / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "RINGEXP_CLUSTER_DIR": str(tmp_path / "state")}
+    for rate in ("0bit", "0.0mbit", "000kbps"):
+        r = subprocess.run([str(ROOT / "scripts" / "cluster_local.sh"), "up", "--rate", rate], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), r
+        assert r.stderr == f"cluster_local: --rate {rate}: give a tc rate above 0 such as 1gbit or 250mbit, or none\n"
+    assert not ran.exists() and not (tmp_path / "state").exists()
+
+
 def cluster_yaml(path: Path, **changes) -> Path:
     """conf/cluster/local_2x2_1gbit.yaml with `changes` (dotted keys as a__b) written out by PyYAML, as a user's
     editor or script would: float('inf') becomes .inf, float('nan') .nan."""
@@ -351,6 +373,8 @@ BAD_CLUSTERS = [
     ("alias", lambda p: p.write_text("name: a\nintra: &l {alpha_s: 1.0e-5, beta_s_per_byte: 1.0e-9}\ninter: *l\n"),
      "a YAML alias"),
     ("list", lambda p: p.write_text("- name: a\n"), "not a YAML mapping"),
+    ("yaml11_boolean", lambda p: p.write_text(good_cluster_text() + "nvls: on\n"),  # (true to YAML 1.1, as read)
+     f"line {good_cluster_text().count(chr(10)) + 1}: on unquoted is a boolean to YAML 1.1"),
     ("empty", lambda p: p.write_text(""), "not a YAML mapping"),
 ]
 

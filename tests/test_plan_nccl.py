@@ -2,9 +2,11 @@
 tables, NCCL_ALGO / NCCL_PROTO restricting it, transports below line rate, per-call and per-bucket costs,
 calibration's small-message latency, and the published cases (`plan accuracy cases=`) with their bad input."""
 
+import copy
 import dataclasses
 import json
 import sys
+import time
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from conftest import ROOT, plan_refusal, published_cases
 from ringexp import comm, compress, parallel
 from ringexp.cluster import costmodel, nccl
 from ringexp.cluster import files as clusters
-from ringexp.cluster.schema import EFFICIENCY, ClusterConfig, LinkConfig
+from ringexp.cluster.schema import EFFICIENCY, ClusterConfig, LinkConfig, bytes_per_s
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.parallel.ddp import bucket_shapes
@@ -156,6 +158,20 @@ BAD_CASES = [
      "case ddp-bench resnet50: run '8 GPUs': source: missing"),
     ("a measurement that is no number", lambda doc: doc["cases"][0]["runs"][0].update(step_s=-1),
      "run '1 GPU DDP': step_s: -1 must be a finite number > 0"),
+    # read silently wrong before: NCCL reads "08" as 0 (C's strtoll stops at the 8), ringexp read 8
+    ("an NCCL count NCCL reads otherwise", lambda doc: doc["cases"][0].update(env={"NCCL_MIN_NCHANNELS": "08"}),
+     "case ddp-bench resnet50: env.NCCL_MIN_NCHANNELS: 08: is no number as NCCL reads it"),
+    # a ratio finds its baseline by case and run name: a second case or run of one name took the other's place
+    ("two cases of one name",
+     lambda doc: doc["cases"].append(copy.deepcopy(doc["cases"][0]) | {"source": "another quote"}),
+     "case ddp-bench resnet50: name: case #0 has it too"),
+    ("two runs of one name", lambda doc: doc["cases"][0]["runs"][2].update(name="8 GPUs"),
+     "case ddp-bench resnet50: run '8 GPUs': two runs of the case have this name"),
+    ("a run its own baseline", lambda doc: doc["cases"][0]["runs"][1].update(baseline="8 GPUs"),
+     "case ddp-bench resnet50: run '8 GPUs': baseline: its own name"),  # (a ratio of 1, counted right)
+    ("a case in two units", lambda doc: doc["cases"][0]["runs"][2].update(samples_s=2462.0) or
+     drop(doc["cases"][0]["runs"][2], "step_s"),  # (a ratio of a throughput over a step time)
+     "case ddp-bench resnet50: run '16 GPUs': samples_s: the case's first run gives step_s"),
 ]
 
 
@@ -166,6 +182,25 @@ def test_a_bad_published_cases_file_is_one_line_naming_the_case_and_field(tmp_pa
     line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]", f"out={tmp_path / 'acc'}"])
     assert f"cases={path}: " in line and words in line, line
     assert not (tmp_path / "acc").exists()
+
+
+UNQUOTED = [  # (where, the value unquoted, what it was read as before: silently)
+    (lambda doc: doc["cases"][0]["runs"][0], "input", "no", "false, though YAML 1.2 reads the text 'no'"),
+    (lambda doc: doc["clusters"]["dgx1_v100"], "nvls", "yes", "true, though YAML 1.2 reads the text 'yes'"),
+    (lambda doc: doc["cases"][0].setdefault("env", {}), "NCCL_MIN_NCHANNELS", "010", "8, though YAML 1.2 reads 10"),
+]
+
+
+@pytest.mark.parametrize("where, key, value, was", UNQUOTED, ids=[u[2] for u in UNQUOTED])
+def test_a_value_yaml_1_1_and_1_2_read_differently_is_refused_naming_the_file_and_line(
+        tmp_path, monkeypatch, capsys, where, key, value, was):
+    path = write_cases(tmp_path, lambda doc: where(doc).update({key: "VALUE_HERE"}))
+    text = open(path).read()
+    line_no = text[:text.index("VALUE_HERE")].count("\n") + 1
+    open(path, "w").write(text.replace("VALUE_HERE", value))
+    line = plan_refusal(monkeypatch, capsys, ["accuracy", f"cases=[{path}]"])
+    assert line.startswith(f"ringexp: error: cases={path}: line {line_no}: {value} unquoted is "), line
+    assert "YAML 1.1" in line and "YAML 1.2" in line and f"quote it ('{value}')" in line, line
 
 
 def test_accuracy_on_published_cases_prints_every_run_and_ratio(tmp_path, monkeypatch, capsys):
@@ -183,6 +218,24 @@ def test_accuracy_on_published_cases_prints_every_run_and_ratio(tmp_path, monkey
     assert (tmp_path / "acc" / "accuracy-published.json").is_file()
 
 
+def test_a_case_of_the_most_parameters_a_file_may_give_is_predicted_in_seconds(tmp_path, monkeypatch, capsys):
+    """params at published.MAX_PARAMS, in 4M pieces, are 119,210 DDP buckets of 32 MB: each one's NCCL choice made
+    anew, under each of the 32 combinations of the rules, took 76 s for this one run. Each shape of bucket is
+    reckoned once (its choice still counted per bucket), each combination that leaves the cluster as another did
+    once."""
+    def biggest(doc):
+        case = doc["cases"][0]
+        case.pop("model")
+        case.update(params=published.MAX_PARAMS, runs=case["runs"][2:3])  # 16 GPUs: two nodes
+    path = write_cases(tmp_path, biggest)
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "accuracy", f"cases=[{path}]"])
+    start = time.perf_counter()
+    main()
+    assert time.perf_counter() - start < 30
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ddp-bench resnet50 |"))
+    assert row.endswith(" x119210 |"), row  # NCCL's choice for each of the 238,419 pieces' 119,210 buckets
+
+
 def test_calibrate_keeps_the_line_rate_and_what_the_transport_reached_of_it():
     """A link labelled (or given) as a rate: the file keeps the rate as beta and the measured share as efficiency,
     so the level predicts what was measured; a link measured faster than its rate is kept as measured."""
@@ -192,6 +245,7 @@ def test_calibrate_keeps_the_line_rate_and_what_the_transport_reached_of_it():
     assert costmodel.beta(LinkConfig(**{k: level[k] for k in ("alpha_s", "beta_s_per_byte", "efficiency")})) == \
         pytest.approx(8 / 20e6)
     assert "efficiency" not in clusters.inter_level(got, "10mbit", "measured")
+    assert bytes_per_s("0bit") is None and bytes_per_s("0.5mbit") == 62500  # (0: no rate)
 
 
 def test_predict_on_16_nodes_of_h100_shows_the_algorithm_and_protocol_each_preset_s_collectives_take(

@@ -124,8 +124,21 @@ def test_socket_counts_out_of_nccl_s_range_are_refused(env, words):
 
 def test_a_count_of_digits_python_reads_but_int_does_not_is_refused():
     """'\u00b2' is a digit to str.isdigit and no integer to int(): a cases file's env reaches the check with it."""
-    with pytest.raises(ConfigError, match="NCCL_SOCKET_NTHREADS=\u00b2: must be an integer in"):
+    with pytest.raises(ConfigError, match="NCCL_SOCKET_NTHREADS=\u00b2: is no number as NCCL reads it"):
         BackendConfig(env={"NCCL_SOCKET_NTHREADS": "\u00b2"})
+
+
+def test_a_count_is_read_as_nccl_reads_it_a_c_integer():
+    """NCCL reads its counts with C's strtoll(value, NULL, 0): "010" is the octal 8 and "0x10" 16, and the streams
+    predicted are the ones NCCL runs (int() read "010" as 10); "08", which NCCL reads as 0 and ignores the rest
+    of, is refused."""
+    assert nccl.socket_streams({"NCCL_MIN_NCHANNELS": "010"}, 0) == 8
+    env = {"NCCL_MIN_NCHANNELS": "0x10", "NCCL_SOCKET_NTHREADS": "02", "NCCL_NSOCKS_PERTHREAD": "2"}
+    assert nccl.socket_streams(env, 0) == 16 * 2 * 2
+    BackendConfig(env={"NCCL_MIN_NCHANNELS": "0x10"})  # NCCL's 16, within its 64
+    for bad in ("08", "4 sockets", ""):
+        with pytest.raises(ConfigError, match=f"NCCL_MIN_NCHANNELS={bad}: is no number as NCCL reads it"):
+            BackendConfig(env={"NCCL_MIN_NCHANNELS": bad})
 
 
 @pytest.mark.parametrize("change, words", [

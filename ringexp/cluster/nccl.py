@@ -18,7 +18,7 @@ from collections import Counter
 
 from ringexp.cluster import costmodel
 from ringexp.cluster.schema import SOCKET_CHANNELS
-from ringexp.config import NCCL_CHOICES, NCCL_COUNTS
+from ringexp.config import NCCL_CHOICES, NCCL_COUNTS, nccl_count
 
 ALGOS, PROTOS = NCCL_CHOICES["NCCL_ALGO"], NCCL_CHOICES["NCCL_PROTO"]  # NCCL's names (what NCCL_ALGO/PROTO take)
 COLLS = ("allreduce", "allgather", "reducescatter")
@@ -56,12 +56,15 @@ def socket_streams(env: dict, streams: int) -> int:
     src/transport/net_socket.cc ncclNetSocketGetNsockNthread)."""
     if not any(k in env for k in NCCL_COUNTS):
         return streams
+
+    def count(key: str, default: int) -> int:  # as NCCL reads it ("010" is 8; env was checked: BackendConfig)
+        return nccl_count(env.get(key, default))
+
     own = max(1, streams // SOCKET_CHANNELS) if streams else 1  # the cluster's sockets per connection
-    channels = min(SOCKET_CHANNELS, int(env.get("NCCL_MAX_NCHANNELS", SOCKET_CHANNELS)))
-    channels = max(channels, int(env.get("NCCL_MIN_NCHANNELS", 0)))
+    channels = max(min(SOCKET_CHANNELS, count("NCCL_MAX_NCHANNELS", SOCKET_CHANNELS)), count("NCCL_MIN_NCHANNELS", 0))
     sockets = own
     if "NCCL_SOCKET_NTHREADS" in env or "NCCL_NSOCKS_PERTHREAD" in env:
-        sockets = max(1, int(env.get("NCCL_SOCKET_NTHREADS", 0)) * int(env.get("NCCL_NSOCKS_PERTHREAD", 1)))
+        sockets = max(1, count("NCCL_SOCKET_NTHREADS", 0) * count("NCCL_NSOCKS_PERTHREAD", 1))
     return channels * sockets
 
 
@@ -73,6 +76,12 @@ def recording():
         yield chosen.get()
     finally:
         chosen.reset(token)
+
+
+def record(choices: list) -> None:
+    """Choices made elsewhere, recorded again while `recording` (a cost reckoned once for many equal calls)."""
+    if (log := chosen.get()) is not None:
+        log.extend(choices)
 
 
 def enabled(cl, coll: str) -> list:

@@ -1,6 +1,7 @@
 """What a cluster is (conf/cluster/*.yaml): its shape, its two levels of network and the compute-side constants the
 cost model reads (ringexp.cluster.costmodel), each checked against both ends of its range."""
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional
@@ -44,12 +45,13 @@ GPU_ARCHS = ("volta", "ampere", "hopper")  # NCCL's low-latency protocols' bandw
 
 
 def bytes_per_s(rate: str) -> float | None:
-    """A tc-style rate ('25mbit', '1gbit', '12.5mbps': bytes) in bytes per second; None if it is not one."""
+    """A tc-style rate ('25mbit', '1gbit', '12.5mbps': bytes) in bytes per second; None if it is not one, or not a
+    finite rate above 0 (a line rate of 0bit was taken as none, and the link kept as measured, without a word)."""
     got = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmg]?)(bit|bps)", rate.strip().lower())
     if not got:
         return None
     n = float(got[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[got[2]]
-    return n / 8 if got[3] == "bit" else n
+    return (n / 8 if got[3] == "bit" else n) if 0 < n < math.inf else None
 
 
 @dataclass

@@ -48,7 +48,7 @@ class PlanConfig:
         need(not quality.margin_error(self.quality_budget), "quality_budget", self.quality_budget,
              quality.margin_error(self.quality_budget))
         need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
-             "give a rate as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
+             "give a rate above 0 as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
         need(self.transport in ("measured", "socket"), "transport", self.transport, "choose measured or socket")
         need(self.nprocs >= 2, "nprocs", self.nprocs, "calibrate needs at least 2 ranks")
         need(self.iters >= 1 and all(s >= 4 for s in self.sizes), "iters, sizes", f"{self.iters}, {self.sizes}",

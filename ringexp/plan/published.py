@@ -19,8 +19,10 @@ together (a file of one study is scored in sample only), so a case's `source`, t
 cannot be a case's of another cluster as well (one quote is of one cluster's table). `input: true` marks the run
 the compute was taken from: predicted exactly by construction, so not scored. Every field is checked for its kind
 and range before anything is built (params at most 10^12, a step at most a day, train a list of overrides, a
-model timm knows, NCCL's counts within NCCL's range); a run whose configuration Hydra or ringexp refuses is named
-with the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`."""
+model timm knows, NCCL's counts read as NCCL reads them and within its range, every case and run under a name of
+its own, a baseline another run of the case, a case's runs in one unit); a run whose configuration Hydra or
+ringexp refuses is named with the field: one line, `cases=FILE: case NAME: [run NAME: ]FIELD: WHY`. A value that
+YAML 1.1 and 1.2 read differently (an unquoted `no`) is refused where the file is read (records.yaml_text)."""
 
 import math
 
@@ -57,6 +59,8 @@ def load(path: str) -> tuple:
         doc = OmegaConf.to_container(OmegaConf.create(yaml_text(path, records.read_bytes(path, follow=True))))
     except OSError as e:
         raise ConfigError(f"cases={path}: cannot read it ({e.strerror or e}); give a published-cases YAML") from None
+    except ConfigError as e:  # yaml_text's, naming the file
+        raise ConfigError(f"cases={e}") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"cases={path}: {one_line(str(e))}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), dict) or \
@@ -69,11 +73,14 @@ def load(path: str) -> tuple:
 
 
 def studies(path: str, cases: list) -> None:
-    """A study per publication: no quote (a case's `source`) shared by cases of different clusters, which would
-    make one publication of two, or of different studies, which would let one publication help choose the rules
-    it is scored under (leave-one-source-out holds a study's cases out together)."""
-    seen = {}
+    """A name per case (a ratio finds its baseline by case and run name) and a study per publication: no quote (a
+    case's `source`) shared by cases of different clusters, which would make one publication of two, or of
+    different studies, which would let one publication help choose the rules it is scored under
+    (leave-one-source-out holds a study's cases out together)."""
+    seen, names = {}, {}
     for i, c in enumerate(cases):
+        if (first := names.setdefault(c["name"], i)) != i:
+            refuser(path, i, c)("name", f"case #{first} has it too; give every case its own name")
         other = seen.setdefault(c["source"], c)
         for key, what in (("cluster", "on cluster"), ("study", "of study")):
             if other[key] != c[key]:
@@ -117,10 +124,26 @@ def checked(path: str, i: int, case, clusters: dict) -> dict:
         wrong("compute.source", "every number needs its source")
     overrides(case, "train", wrong)
     env(case, wrong)
-    names = [r.get("name") for r in case["runs"] if isinstance(r, dict)]
+    names = {r["name"] for r in case["runs"] if isinstance(r, dict) and isinstance(r.get("name"), str)}
     for j, run in enumerate(case["runs"]):
         check_run(run, j, names, wrong)
+    across_runs(case["runs"], wrong)
     return case
+
+
+def across_runs(checked_runs: list, wrong) -> None:
+    """Every run of a case under its own name, and measured in one unit (MEASURES): a ratio divides one run's
+    measurement by its baseline's, and is no ratio of a step time over a throughput."""
+    seen, unit = set(), None
+    for run in checked_runs:
+        label = f"run {ascii(short(run['name']))}"
+        if run["name"] in seen:
+            wrong(label, "two runs of the case have this name; give each its own")
+        seen.add(run["name"])
+        given = next(m for m in MEASURES if m in run)
+        if (unit := unit or given) != given:
+            wrong(f"{label}: {given}", f"the case's first run gives {unit}: give every run of a case in one unit "
+                  "(its ratios divide one run's by another's)")
 
 
 def env(case: dict, wrong) -> None:
@@ -169,7 +192,7 @@ def described(v) -> str:
         v is None else f"a {type(v).__name__}"
 
 
-def check_run(run, j: int, names: list, wrong) -> None:
+def check_run(run, j: int, names: set, wrong) -> None:
     label = f"runs[{j}]" if not isinstance(run, dict) or not isinstance(run.get("name"), str) else \
         f"run {ascii(short(run['name']))}"
     if not isinstance(run, dict):
@@ -182,8 +205,10 @@ def check_run(run, j: int, names: list, wrong) -> None:
         wrong(f"{label}: step_s", "give the measured step_s or samples_s, one of them")
     number(run, given[0], wrong, f"{label}: ")
     overrides(run, "train", wrong, f"{label}: ")
-    if run.get("baseline") is not None and run["baseline"] not in names:
+    if run.get("baseline") is not None and (not isinstance(run["baseline"], str) or run["baseline"] not in names):
         wrong(f"{label}: baseline", f"{described(run['baseline'])} is no run of this case")
+    if run.get("baseline") == run["name"]:
+        wrong(f"{label}: baseline", "its own name: a run over itself is no ratio; name another run of the case")
 
 
 def number(d: dict, key: str, wrong, prefix: str) -> None:

@@ -47,8 +47,14 @@ def predicted(path: str, clusters: dict, case: dict, changes: tuple = (rules.sam
         cl = shape(path, clusters, case, run)
         try:
             cfg = composed(case, run)
+            costs = []  # (cluster, its step): the changes that leave this cluster as another left it cost nothing
             for rows, change in zip(out, changes, strict=True):
-                rows.append(row(case, run, parallel.step_cost(change(cl), cfg, shapes, compute)))
+                c = change(cl)
+                got = next((g for other, g in costs if other == c), None)
+                if got is None:
+                    got = parallel.step_cost(c, cfg, shapes, compute)
+                    costs.append((c, got))
+                rows.append(row(case, run, got))
         except (ValueError, HydraException, OmegaConfBaseException) as e:  # (ConfigError is a ValueError)
             refused(path, case, run, e)
     return out
