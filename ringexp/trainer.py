@@ -169,7 +169,7 @@ class Trainer:
         if self.prof is not None and step == profiled[-1]:
             pr = self.cfg.profile
             self.profile = profiling.finish(self.prof, self.run_dir, self.env.rank, profiled.start, step, pr.top,
-                                            self.env.device)
+                                            self.env.device, self.strategy.groups())
             self.prof = None
         row = self.recorder.record(step, loss, lr, (t0, t1, t2), self.timer["data"], self.pos["skipped"],
                                    self.skipped_steps, due)

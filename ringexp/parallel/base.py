@@ -125,12 +125,19 @@ class Strategy:
     def load_state_dict(self, state) -> None:
         pass
 
+    def groups(self) -> list:
+        """The process groups this strategy's collectives run on (None: the default group)."""
+        return [None]
+
     def close(self) -> None:
         """Release what `wrap` started (threads, groups)."""
 
 
 class Single(Strategy):
     """One process, no gradient communication: the baseline that scaling is measured against."""
+
+    def groups(self) -> list:
+        return []
 
     @staticmethod
     def check(cfg, world_size: int) -> None:

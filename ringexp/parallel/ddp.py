@@ -115,6 +115,11 @@ class DDPStrategy(Strategy):
         elif self.hook_state is not None and self.hook_state.compressor is not None:
             self.hook_state.compressor.load_state_dict(state)
 
+    def groups(self) -> list:
+        """DDP's (the default group) and, once started, ringexp's hook's own."""
+        hook = self.hook_state.group if self.hook_state is not None else None
+        return [None] + ([hook] if hook is not None else [])
+
     def close(self) -> None:
         if self.hook_state is not None:
             self.hook_state.close()
