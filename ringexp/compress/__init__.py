@@ -92,30 +92,23 @@ def refusal(c, algorithm: str, where: str):
     return None
 
 
-# The route (above) each compression.collective asks for by name
-ASKED = {"two_phase": "two_phase", "all_gather": "gather"}
-
-
 def unchosen(c, algorithm: str, where: str):
-    """Why compression.collective, named (two_phase or all_gather), would not be the path `c`'s buckets take with
-    all-reduce `algorithm` (a choice the run would silently ignore), or None. Only the buckets ringexp's DDP hook
-    compresses have a collective to choose: not FSDP's, not PowerSGD's, not uncompressed ones."""
-    if c.collective == "auto":
+    """Why compression.collective=two_phase would not be the path `c`'s buckets take with all-reduce `algorithm` (a
+    choice the run would silently ignore), or None. Only the buckets ringexp's DDP hook compresses have a collective
+    to choose: not FSDP's, not PowerSGD's, not uncompressed ones. `all_gather` only forbids two phases, which holds
+    wherever buckets are never sent in two phases: the recorded sweeps set it for every preset, uncompressed ones
+    included (docs/results/tune-story-sweep.json)."""
+    if c.collective != "two_phase":
         return None
     m, key = COMPRESSORS[c.name], f"compression.collective={c.collective}"
     if m is None or m is powersgd or algorithm not in comm.ALGORITHMS:
         why = ("nothing is compressed" if m is None else "PowerSGD all-reduces its factors" if m is powersgd
                else f"{where} reduces gradients itself")
         return f"{key}: {why}, so there is no compressed collective to choose; use collective=auto"
-    way = route(c, algorithm)
-    if way == ASKED[c.collective]:
+    if route(c, algorithm) == "two_phase":
         return None
-    if c.collective == "two_phase":  # (random-k: the one payload summed that is no wire format)
-        return (f"{key}: {c.name} has no two-phase form (its payloads are summed as they are: every rank draws the "
-                "same indices); use collective=auto")
-    how = ("a wire format inside the collective (float32 sums at every hop)" if way == "wire"
-           else "summed as it is (every rank's payload added on the wire)")
-    return f"{key}: {c.name} on {where} is {how}, never gathered; use collective=auto" + (" or two_phase" * m.WIRE)
+    return (f"{key}: {c.name} has no two-phase form (its payloads are summed as they are: every rank draws the same "
+            "indices); use collective=auto")  # (random-k: the one payload summed that is no wire format)
 
 
 def first_compressed_step(c) -> int:
