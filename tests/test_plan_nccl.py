@@ -19,7 +19,7 @@ from ringexp.cluster.schema import EFFICIENCY, ClusterConfig, LinkConfig, bytes_
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.parallel.ddp import bucket_shapes
-from ringexp.plan import published
+from ringexp.plan import fields, published
 from ringexp.plan.calibrate import fit
 from ringexp.plan.cli import main
 from ringexp.validate import compose_config
@@ -219,14 +219,14 @@ def test_accuracy_on_published_cases_prints_every_run_and_ratio(tmp_path, monkey
 
 
 def test_a_case_of_the_most_parameters_a_file_may_give_is_predicted_in_seconds(tmp_path, monkeypatch, capsys):
-    """params at published.MAX_PARAMS, in 4M pieces, are 119,210 DDP buckets of 32 MB: each one's NCCL choice made
+    """params at fields.MAX_PARAMS, in 4M pieces, are 119,210 DDP buckets of 32 MB: each one's NCCL choice made
     anew, under each of the 32 combinations of the rules, took 76 s for this one run. Each shape of bucket is
     reckoned once (its choice still counted per bucket), each combination that leaves the cluster as another did
     once."""
     def biggest(doc):
         case = doc["cases"][0]
         case.pop("model")
-        case.update(params=published.MAX_PARAMS, runs=case["runs"][2:3])  # 16 GPUs: two nodes
+        case.update(params=fields.MAX_PARAMS, runs=case["runs"][2:3])  # 16 GPUs: two nodes
     path = write_cases(tmp_path, biggest)
     monkeypatch.setattr(sys, "argv", ["ringexp.plan", "accuracy", f"cases=[{path}]"])
     start = time.perf_counter()
