@@ -59,6 +59,9 @@ HEADER = 512  # the characters Hydra reads a file's header (`# @package ...`) fr
 _PLACE, _COMPOSE = ConfigLoaderImpl._load_single_config, ConfigLoaderImpl.load_configuration
 _READ = FileConfigSource.load_config  # (the same function as the registered class's: see file_source)
 _open = [0]  # gates open (they nest: a program's gate, then the compose API inside its app)
+# (config name, overrides) of the sweep values composed ahead of their jobs while the outermost gate is open: Hydra
+# composes a sweep's master configuration twice (its mode, then the sweep), and the values need composing once
+_prechecked = set()
 
 
 class Refused(BaseException):
@@ -71,6 +74,7 @@ def gate():
     ConfigError out of the gate."""
     source = file_source()
     if not _open[0]:
+        _prechecked.clear()
         source.load_config, ConfigLoaderImpl._load_single_config = read, place
         ConfigLoaderImpl.load_configuration = composed
     _open[0] += 1
@@ -250,6 +254,9 @@ def composed(loader, config_name, overrides, run_mode, *args, **kwargs):
     cfg = _COMPOSE(loader, config_name, overrides, run_mode, *args, **kwargs)
     if run_mode == RunMode.MULTIRUN:
         for job in list(values(overrides, cfg))[:PRECHECKED]:
+            if (config_name, tuple(job)) in _prechecked:
+                continue
+            _prechecked.add((config_name, tuple(job)))
             try:
                 _COMPOSE(loader, config_name, job, RunMode.RUN)
             except (HydraException, OmegaConfBaseException):

@@ -35,9 +35,9 @@ class RunDirGuard(Callback):
         HydraConfig.instance().set_config(config)
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         guard("hydra.run.dir", run_dir)
-        guard_files(config, str(run_dir), first_job=False)
+        logs = guard_files(config, str(run_dir), first_job=False)
         if Path(run_dir).resolve() in _created:  # (what undo may take away again)
-            _created[Path(run_dir).resolve()][1].extend(path for _, path in log_files(config, str(run_dir), False))
+            _created[Path(run_dir).resolve()][1].extend(logs)
 
     def on_multirun_start(self, config, **kwargs) -> None:
         HydraConfig.instance().set_config(config)
@@ -81,10 +81,10 @@ def log_files(config, output_dir: str, first_job: bool) -> list:
             if isinstance(h, dict) and h.get("filename") is not None]
 
 
-def guard_files(config, output_dir: str, first_job: bool) -> None:
+def guard_files(config, output_dir: str, first_job: bool) -> list:
     """One line and exit code 2, before Hydra configures job logging (which answers a log file it cannot open with
     two tracebacks), when a log file cannot be written, or when the run directory holds a symlink where the run
-    appends or writes into (checkpoint.planted: a resumption would write through it)."""
+    appends or writes into (checkpoint.planted: a resumption would write through it). Returns the log files."""
     logs = log_files(config, output_dir, first_job)
     try:
         for key, path in logs:
@@ -93,6 +93,7 @@ def guard_files(config, output_dir: str, first_job: bool) -> None:
     except ConfigError as e:
         print_error(str(e))
         sys.exit(2)
+    return [path for _, path in logs]
 
 
 def check_log(key: str, path: str, output_dir: str) -> None:
