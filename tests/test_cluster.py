@@ -211,6 +211,16 @@ def test_plan_calibrate_runs_unchanged_under_srun_one_rank_per_task(two_nodes, t
     assert cl.cpu_threads == max(1, (os.cpu_count() or 1) // 2)
     assert r.stdout.count(f"wrote {out}") == 1  # rank 0 alone writes and says so
 
+def reachable(timeout: float = 20.0) -> None:
+    """Wait until node 1 reaches node 0 again (a link set up again takes a moment to carry traffic)."""
+    # a refused connection is an answer: node 0's kernel got the SYN and replied
+    knock = ("import socket, sys\ntry:\n socket.create_connection(('198.18.0.10', 9), timeout=1)\n"
+             "except ConnectionRefusedError:\n sys.exit(0)\nexcept OSError:\n sys.exit(1)")
+    deadline = time.monotonic() + timeout
+    while subprocess.run([SCRIPT, "run", "1", "--", sys.executable, "-c", knock], capture_output=True).returncode:
+        assert time.monotonic() < deadline, "node 1 cannot reach node 0 after its link came up again"
+
+
 def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(two_nodes, tmp_path):
     """ip link down on node 1's veth mid-run: every rank on both nodes exits within parallel.timeout_s + 30 s with
     one line naming who stopped answering, no process is left, and resume=auto finishes from the last checkpoint."""
@@ -230,6 +240,7 @@ def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(
         subprocess.run(["ip", "link", "set", "rxv1", "up"], check=True)
         if proc.poll() is None:
             stop_group(proc)
+        reachable()  # (the resumption below once failed connecting to node 0's store, in CI: the link just up?)
         slurm_nodes_idle()  # node 1's slurmd was cut off too: Slurm marked it down
     assert r.returncode != 0 and took < 10 + 30, (took, err[-3000:])
     lines = [x for x in err.splitlines() if x.startswith("ringexp: error: rank ")]
@@ -241,7 +252,7 @@ def test_a_cut_link_stops_every_rank_naming_the_silent_node_and_resume_finishes(
     assert left_on_the_nodes() == []
     kept = sorted(p.parent.name for p in run.glob("checkpoints/step-*/meta.json"))
     r = cluster("torchrun", "--nproc-per-node", "2", "--", *args, "resume=auto")
-    assert r.returncode == 0, [x for x in r.stderr.splitlines() if x.startswith("ringexp")] or r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-6000:]
     s = read_summary(run)
     assert s["status"] == "completed" and s["resumed_from"]["checkpoint"].endswith(kept[-1]), s
 
