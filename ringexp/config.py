@@ -50,6 +50,17 @@ class StrategyName(StrEnum):
     naive = "naive"
     fsdp = "fsdp"  # PyTorch FSDP2 (fully_shard per block, then the root)
     single = "single"
+    local_sgd = "local_sgd"  # post-local SGD: DDP for parallel.warmup_steps, then models averaged every period steps
+    diloco = "diloco"  # DiLoCo: inner steps, then an outer Nesterov step on the averaged pseudo-gradient
+
+
+AVERAGING = (StrategyName.local_sgd, StrategyName.diloco)  # the strategies that synchronise models every period
+
+
+class AveragingCollective(StrEnum):  # the collective a periodic averaging runs (ringexp.comm's)
+    builtin = "builtin"
+    ring = "ring"
+    hierarchical = "hierarchical"
 
 
 class HierarchicalVariant(StrEnum):
@@ -239,6 +250,14 @@ class ParallelConfig:
     reshard_after_forward: bool = True  # fsdp: free gathered parameters after forward, gather again in backward
     forward_prefetch: int = 0  # fsdp: blocks whose all-gather is issued ahead in forward (0: none, FSDP2's default)
     backward_prefetch: int = 1  # fsdp: blocks prefetched ahead in backward (1: FSDP2's own implicit prefetch)
+    # local_sgd, diloco (docs/averaging.md): optimizer steps between two synchronisations of the models
+    period: int = 1
+    warmup_steps: int = 0  # local_sgd, diloco: plain DDP steps before the first local step
+    within_node: bool = False  # local_sgd, diloco: gradients all-reduced inside each node every step (hierarchical)
+    averaging: AveragingCollective = AveragingCollective.builtin  # the averaging's collective (compression applies)
+    outer_lr: float = 0.7  # diloco: the outer SGD's learning rate on the averaged pseudo-gradient
+    outer_momentum: float = 0.9  # diloco: the outer SGD's Nesterov momentum (0: plain SGD)
+    fragments: int = 1  # local_sgd, diloco: parts of the model synchronised at staggered steps (Streaming DiLoCo)
 
     def __post_init__(self):
         need(self.bucket_cap_mb > 0, "parallel.bucket_cap_mb", self.bucket_cap_mb, "must be > 0")
@@ -247,6 +266,11 @@ class ParallelConfig:
         need(self.nodes is None or self.nodes >= 1, "parallel.nodes", self.nodes, "must be >= 1, or null")
         need(self.emulate_nodes >= 1, "parallel.emulate_nodes", self.emulate_nodes, "must be >= 1")
         need(self.timeout_s > 0, "parallel.timeout_s", self.timeout_s, "must be > 0 seconds")
+        need(self.period >= 1, "parallel.period", self.period, "synchronise at least every step: must be >= 1")
+        need(self.warmup_steps >= 0, "parallel.warmup_steps", self.warmup_steps, "must be >= 0")
+        need(self.outer_lr > 0, "parallel.outer_lr", self.outer_lr, "must be > 0")
+        need(0 <= self.outer_momentum < 1, "parallel.outer_momentum", self.outer_momentum, "must be in [0, 1)")
+        need(self.fragments >= 1, "parallel.fragments", self.fragments, "must be >= 1")
         need(self.forward_prefetch >= 0 and self.backward_prefetch >= 0, "parallel.forward_prefetch, backward_prefetch",
              f"{self.forward_prefetch}, {self.backward_prefetch}", "count blocks: must be >= 0")
 

@@ -15,7 +15,6 @@ predicted columns, the tune's ranking): one function per question, so that no tw
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -23,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ringexp import compress, parallel, quality
 from ringexp import dist as rdist
+from ringexp import parallel, quality
 from ringexp.compress import powersgd
-from ringexp.config import CONF_DIR, CompressionConfig
+from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.optim import build_optimizer
@@ -118,10 +117,10 @@ def over_steps(name: str, cfg, cl, shapes: list, compute: dict, here: bool, firs
     start_step) at the uncompressed config's step, the rest at its own. The headline of a configuration that changes
     phase (a run's `throughput.whole_run` is what it is compared with); `row` itself is the steady compressed step."""
     got = row(name, cfg, cl, shapes, compute, here)
-    start = compress.first_compressed_step(cfg.compression)
+    start, before = parallel.first_steady(cfg)  # (a late compressor's, or an averaging's DDP warm-up)
     if start <= first:
         return got
-    plain = row(name, replace(cfg, compression=CompressionConfig()), cl, shapes, compute, here)
+    plain = row(name, before, cl, shapes, compute, here)
     f = max(0, last - start + 1) / (last - first + 1)
     step = f * got["step_s"] + (1 - f) * plain["step_s"]
     return got | {"step_s": step, "samples_s": got["samples_s"] * got["step_s"] / step}
@@ -231,13 +230,14 @@ def _shown(x) -> str:
 def judged(name: str, cfg, verdicts: dict, budget: float) -> tuple:
     """(quality word, measured difference or None) of preset `name` at margin `budget`: a decisive verdict's
     (quality.MIN_SEEDS paired seeds or more) judged again from its record's intervals; else "exact" for a preset
-    that sends the gradients uncompressed at one micro-step with no autocast (the same arithmetic up to the order
-    of a sum); else quality.INDICATIVE where the record's verdict is on one seed (shown, never acted on), or
-    NO_VERDICT."""
+    that sends the gradients uncompressed at one micro-step with no autocast and whose strategy sums every step's
+    gradients (the same arithmetic up to the order of a sum); else quality.INDICATIVE where the record's verdict
+    is on one seed (shown, never acted on), or NO_VERDICT."""
     v = verdicts.get(name)
     if v is not None and v["seeds"] >= quality.MIN_SEEDS:
         return quality.decide(v["diff"], tuple(v["ci95"]), tuple(v["ci_eq"]), budget), v["diff"]
-    if cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off":
+    same_sums = parallel.STRATEGIES[cfg.parallel.strategy].exact  # (local_sgd, diloco: models drift between syncs)
+    if same_sums and cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off":
         return "exact", None
     return (NO_VERDICT, None) if v is None else (quality.INDICATIVE, v["diff"])
 

@@ -110,15 +110,20 @@ class Recorder:
         loss_sum, wait_sum, skipped_bad = stats.tolist()  # (the one host sync of a logged step)
         n = self.env.world_size
         self.add_step()
-        first, step_s = step - self.interval_n + 1, self.interval_s / self.interval_n
+        first, step_s, steps = step - self.interval_n + 1, self.interval_s / self.interval_n, self.interval_n
         self.interval_s, self.interval_n = 0.0, 0
         self.skipped_bad = int(skipped_bad)
         self.history.append(loss_sum / n)
         self.clock.sync()
         t0, t1, t2 = marks
         own = self.clock.since(self.m_prev, self.m_end)  # this step alone, from the previous step's end
-        split = timing.breakdown(own, data_s, self.clock.since(t0, t1), self.clock.since(t1, t2),
-                                 self.comm_timer.measure(t0, t1))
+        comm = self.comm_timer.measure(t0, t1)
+        # a periodic averaging (local_sgd, diloco) after the optimizer: this step's own taken out, the interval's
+        # spread over its steps instead (timing.CommTimer.keep)
+        mine, spread = comm["after_s"], self.comm_timer.taken_between() / steps
+        comm |= {"comm_s": comm["comm_s"] - mine + spread, "after_s": spread}
+        split = timing.breakdown(own - mine + spread, data_s, self.clock.since(t0, t1),
+                                 self.clock.since(t1, t2) - mine, comm)
         self.intervals.append({"first": first, "last": step, "step_s": step_s, "own": own, "parts": split})
         return {"train/loss": loss_sum / n, "train/lr": lr, "train/data_wait_s": wait_sum / n,
                 "train/peak_memory_bytes": peak_memory_bytes(self.env.device), "comm/wire_bytes_per_rank": self.wire,
@@ -237,9 +242,11 @@ class Recorder:
     def wire_section(self) -> dict:
         """Bytes per step: the gradients', what one rank sends and what that counts, and the compression's ratio:
         wire bytes / those of a float32 ring all-reduce of the same gradients (1.0 uncompressed on a ring)."""
+        syncs = self.strategy.synchronizations()  # periodic averaging: how often, and the bytes of one
         return {"grad_bytes": self.grad_bytes, "wire_bytes_per_rank_per_step": self.wire,
                 "wire_bytes_basis": self.strategy.wire_note(),
-                "compression": {"name": self.cfg.compression.name, "ratio_vs_fp32_allreduce": self.wire_ratio}}
+                "compression": {"name": self.cfg.compression.name, "ratio_vs_fp32_allreduce": self.wire_ratio}} | \
+            ({"synchronizations": syncs} if syncs else {})
 
 
 def speed(steady: list, warmup: int, global_batch: int, samples: int, train_s: float) -> dict:

@@ -65,6 +65,9 @@ COMPLETED = {
     "task": "a mapping",  # quality.task_of: what a quality verdict on this run was measured on
     "versions": "a mapping",  # ringexp.versions: the code it ran, which a verdict's runs must share
     "nodes": "a count >= 1", "ranks_per_node": "a count >= 1", "link": "text", "backend_env": "a backend record",
+    # local_sgd, diloco (Strategy.synchronizations): every how many steps the models were synchronised, how often
+    "synchronizations": "a mapping", "synchronizations.period": "a count >= 1",
+    "synchronizations.count": "a number >= 0", "synchronizations.bytes_per_sync": "a number >= 0",
 }
 REQUIRED = {"status", "throughput", "final", "best"}
 

@@ -64,6 +64,19 @@ class CommTimer:
         with self.lock:
             self.spans = []  # [start, end or None, blocking]
             self.last_handover = None
+            self.between = getattr(self, "between", [])  # spans kept across steps until taken (taken_between)
+
+    def keep(self, span: list) -> None:
+        """Keep an ended span beyond its step: a periodic averaging, which a logged step's split spreads over the
+        steps since the previous row (a row's own step rarely is the one that synchronised)."""
+        with self.lock:
+            self.between.append(span)
+
+    def taken_between(self) -> float:
+        """Seconds of the spans kept since the last call (the clock must have passed them: on CUDA, synced)."""
+        with self.lock:
+            kept, self.between = self.between, []
+        return sum(self.clock.since(s, e) for s, e, _ in kept)
 
     def start(self, handover: bool = False) -> list:
         mark = self.clock.now()
@@ -83,14 +96,17 @@ class CommTimer:
             spans = [(self.clock.since(origin, s), self.clock.since(origin, e), b) for s, e, b in self.spans
                      if e is not None]
             handover = self.last_handover
-        comm = union_length([(s, e) for s, e, _ in spans])
+        comm, bwd = union_length([(s, e) for s, e, _ in spans]), self.clock.since(origin, backward_end)
+        # blocking collectives after backward (a periodic averaging after the optimizer): exposed, and out of the
+        # optimizer's time (after_s)
+        after = sum(e - s for s, e, b in spans if b and s >= bwd)
         if self.exposure == "handover":
             exposed = max(0.0, self.clock.since(handover, backward_end)) if handover is not None else 0.0
         elif self.clock.cuda:
             exposed = None
         else:
-            exposed = sum(e - s for s, e, b in spans if b)
-        return {"comm_s": comm, "exposed_comm_s": exposed}
+            exposed = sum(e - s for s, e, b in spans if b and s < bwd)
+        return {"comm_s": comm, "exposed_comm_s": exposed, "after_s": after}
 
 
 def union_length(intervals: list) -> float:
@@ -117,8 +133,9 @@ def timed_hook(hook, timer: CommTimer):
 
 def breakdown(step_s: float, data_s: float, fwd_bwd_s: float, optimizer_s: float, comm: dict) -> dict:
     """The parts of one step; `other_s` is what they leave unexplained (logging, waiting for slower ranks)."""
-    exposed = comm["exposed_comm_s"]
-    compute = max(0.0, fwd_bwd_s - data_s - (exposed or 0.0))
+    during, after = comm["exposed_comm_s"], comm.get("after_s", 0.0)  # (after: already out of optimizer_s)
+    compute = max(0.0, fwd_bwd_s - data_s - (during or 0.0))
+    exposed = None if during is None else during + after
     parts = {"data_s": data_s, "compute_s": compute, "comm_s": comm["comm_s"], "exposed_comm_s": exposed,
              "optimizer_s": optimizer_s}
     parts["overlap"] = (max(0.0, min(1.0, 1 - exposed / comm["comm_s"]))

@@ -196,6 +196,7 @@ class Trainer:
         if self.state is None:  # what each rank holds once gradients and optimizer state exist
             self.state = state_bytes(self.model, opt)
         opt.zero_grad(set_to_none=True)
+        self.strategy.after_step(step)  # (periodic averaging: its communication, timed as such)
         lr = self.sched.get_last_lr()[0]
         self.sched.step()
         return lr
@@ -215,8 +216,9 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict:
         """Validation loss, AUROC and F1 over the whole validation set (every rank its shard); their row entries."""
-        val, scores = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device, self.autocast,
-                               self.no_samples)
+        with self.strategy.evaluating(self.model):
+            val, scores = evaluate(unwrap(self.model), self.val_loader, self.num_labels, self.env.device,
+                                   self.autocast, self.no_samples)
         return self.recorder.evaluation(step, val, scores)
 
     def checkpoint(self, step: int) -> None:

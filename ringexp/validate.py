@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import compress, conffiles, parallel
-from ringexp.config import AmpMode, Device, OptimName, StrategyName, TrainConfig
+from ringexp.config import AVERAGING, AmpMode, Device, OptimName, StrategyName, TrainConfig
 from ringexp.data import check_data
 from ringexp.errors import ConfigError
 from ringexp.models import build_model, check_model
@@ -173,7 +173,9 @@ def check_compression(cfg: TrainConfig, world: int) -> None:
                           "cannot carry; use +parallel=ddp_powersgd")
     if c.name != "none" and c.momentum_correction and cfg.optim.name != OptimName.sgd:
         raise ConfigError(compress.MOMENTUM_RULE)
-    problem = compress.refusal(c, ALGORITHM.get(strategy, strategy), f"+parallel={strategy}")
+    # (the averaging strategies compress their periodic exchange, through parallel.averaging's collective)
+    algorithm = str(cfg.parallel.averaging) if strategy in AVERAGING else ALGORITHM.get(strategy, strategy)
+    problem = compress.refusal(c, algorithm, f"+parallel={strategy}")
     if problem:
         raise ConfigError(problem)
     if c.collective == "two_phase" and world < 2:

@@ -356,7 +356,9 @@ def preset_overrides(preset: str) -> list:
     ones sum in an order that varies, and the losses of two uninterrupted runs drift apart by 1e-3 in 10 steps."""
     name, _, extra = preset.partition("+")
     cuda = ["launcher.device=cuda", "launcher.deterministic=true"]
-    return [f"+parallel={name}"] + {"wandb": ["logger=wandb"], "cuda": cuda}.get(extra, [])
+    # diloco+fast: synchronised (period 3, two fragments, sign with error feedback) before the first checkpoint
+    fast = ["parallel.period=3", "parallel.fragments=2", "compression=sign"]
+    return [f"+parallel={name}"] + {"wandb": ["logger=wandb"], "cuda": cuda, "fast": fast}.get(extra, [])
 
 
 def losses(run_dir) -> dict:

@@ -1,6 +1,7 @@
 """ringexp used from someone else's code: the public hook API, and the recipes in examples/ run for real (torchrun,
 gloo, Lightning on CPU) against the builtin all-reduce they replace."""
 
+import re
 import subprocess
 import sys
 import threading
@@ -154,3 +155,13 @@ def test_recipe_all_reduce_on_a_subgroup(tmp_path):
     for rank in (0, 2):
         assert f"rank {rank}: ring all-reduce: every rank must pass the same size, dtype" in out, out
         assert f"rank {rank}: still usable: [2.0, 2.0, 2.0]" in out, out
+
+
+def test_recipe_diloco_in_your_own_loop(tmp_path):
+    """examples/diloco_loop.py: ringexp.Averager without DDP, int8 pseudo-gradients through the ring: a
+    synchronisation every 8 of 40 steps, the ranks end on the same model, and the loss falls."""
+    out = torchrun(tmp_path, 2, "diloco_loop.py")
+    said = re.findall(r"rank (\d): (\d+) synchronisations, models agree: (\w+), loss ([\d.]+) -> ([\d.]+)", out)
+    assert sorted(r for r, *_ in said) == ["0", "1"], out  # (the ranks' lines may share one: found anywhere)
+    for _, syncs, agree, first, last in said:
+        assert syncs == "5" and agree == "True" and float(last) < 0.5 * float(first), out

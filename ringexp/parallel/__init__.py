@@ -6,6 +6,8 @@ communication state are saved and loaded. Registered by `parallel.strategy` name
     ddp           ddp.py    DDP with its builtin all-reduce (the reference)
     ring, hierarchical, naive   ddp.py + hooks.py: DDP with a ringexp collective (ringexp.comm) as its hook
     fsdp          fsdp.py   PyTorch FSDP2
+    local_sgd     local_sgd.py   post-local SGD: DDP's warm-up, then models averaged every parallel.period steps
+    diloco        diloco.py      DiLoCo: inner steps, an outer Nesterov step on the averaged pseudo-gradient
 
 Each also answers, without a process group, what it sends per step (`traffic`) and what its step costs on a
 cluster model (`step_cost`): the run's bytes on the wire and ringexp.plan's predictions are the same code.
@@ -13,14 +15,19 @@ cluster model (`step_cost`): the run's bytes on the wire and ringexp.plan's pred
 
 import dataclasses
 
+from ringexp import compress
 from ringexp.cluster import nccl
-from ringexp.config import StrategyName
+from ringexp.config import AVERAGING, CompressionConfig, ParallelConfig, StrategyName
+from ringexp.errors import ConfigError
 from ringexp.parallel.base import Single, Strategy, World
 from ringexp.parallel.ddp import DDPStrategy
+from ringexp.parallel.diloco import DiLoCoStrategy
 from ringexp.parallel.fsdp import FSDPStrategy
+from ringexp.parallel.local_sgd import LocalSGDStrategy, plain_ddp
 
 STRATEGIES = {StrategyName.single: Single, StrategyName.ddp: DDPStrategy, StrategyName.ring: DDPStrategy,
-              StrategyName.hierarchical: DDPStrategy, StrategyName.naive: DDPStrategy, StrategyName.fsdp: FSDPStrategy}
+              StrategyName.hierarchical: DDPStrategy, StrategyName.naive: DDPStrategy, StrategyName.fsdp: FSDPStrategy,
+              StrategyName.local_sgd: LocalSGDStrategy, StrategyName.diloco: DiLoCoStrategy}
 
 
 def build(cfg, env) -> Strategy:
@@ -29,8 +36,17 @@ def build(cfg, env) -> Strategy:
 
 
 def check(cfg, world_size: int) -> None:
-    """The strategy's own refusals (ConfigError), before any worker starts."""
-    STRATEGIES[cfg.parallel.strategy].check(cfg, world_size)
+    """The strategy's own refusals (ConfigError), before any worker starts; the averaging's settings on a strategy
+    that does not average."""
+    p = cfg.parallel
+    if p.strategy not in AVERAGING:
+        changed = [k for k in ("period", "warmup_steps", "fragments", "within_node", "outer_lr", "outer_momentum",
+                               "averaging") if getattr(p, k) != getattr(ParallelConfig, k)]
+        if changed:
+            raise ConfigError(f"parallel.{changed[0]}={getattr(p, changed[0])} with parallel.strategy={p.strategy}: "
+                              "only local_sgd and diloco synchronise models periodically; use +parallel=local_sgd "
+                              "or diloco, or drop the override")
+    STRATEGIES[p.strategy].check(cfg, world_size)
 
 
 def traffic(cfg, world: World, shapes: list) -> int:
@@ -55,4 +71,12 @@ def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
                   / out["step_s"], "nccl": nccl.summary(chose)}
 
 
-__all__ = ["STRATEGIES", "Strategy", "World", "build", "check", "step_cost", "traffic"]
+def first_steady(cfg) -> tuple:
+    """(the first step of `cfg`'s steady phase, the config the steps before it run as): local_sgd and diloco warm up
+    as DDP; a compressor that starts late (PowerSGD's start_step) runs uncompressed until then."""
+    if cfg.parallel.strategy in AVERAGING:
+        return cfg.parallel.warmup_steps + 1, plain_ddp(cfg)
+    return compress.first_compressed_step(cfg.compression), dataclasses.replace(cfg, compression=CompressionConfig())
+
+
+__all__ = ["STRATEGIES", "Strategy", "World", "build", "check", "first_steady", "step_cost", "traffic"]

@@ -33,6 +33,7 @@ class World:
 class Strategy:
     sharded = False  # each rank holds a shard of the model and optimizer (checkpoints per rank) or all of it
     exposure = "handover"  # how ringexp.timing.CommTimer measures exposed communication: handover or blocking
+    exact = True  # every step's gradients are summed over all ranks: DDP's arithmetic up to the order of a sum
 
     def __init__(self, cfg, env):
         self.cfg, self.env = cfg, env
@@ -49,6 +50,19 @@ class Strategy:
     def no_sync(self, model, sync: bool):
         """Context for one micro-batch's backward: gradients are synchronised only when `sync`."""
         return nullcontext()
+
+    def after_step(self, step: int) -> None:
+        """After optimizer step `step` (1, 2, ...; a resumed run continues the count): what a strategy does between
+        steps (local_sgd, diloco: synchronise the models when due)."""
+
+    def evaluating(self, model):
+        """Context in which `model` is evaluated: the model every rank agrees on (local_sgd, diloco: the last
+        synchronisation's)."""
+        return nullcontext()
+
+    def synchronizations(self) -> dict | None:
+        """How often the models were synchronised and the bytes of one, for strategies that do so periodically."""
+        return None
 
     def grad_scaler(self):
         """fp16 loss scaling (disabled unless amp=fp16)."""

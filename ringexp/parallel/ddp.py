@@ -23,7 +23,9 @@ from ringexp.parallel.base import Strategy
 
 TORCH_CAST_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
-ALGORITHM = {"ddp": "builtin", "ring": "ring", "hierarchical": "hierarchical", "naive": "naive"}
+# DDP's gradient collective per strategy (local_sgd and diloco: their warm-up's; their averaging has its own)
+ALGORITHM = {"ddp": "builtin", "ring": "ring", "hierarchical": "hierarchical", "naive": "naive",
+             "local_sgd": "builtin", "diloco": "builtin"}
 
 
 def comm_options(p) -> dict:
@@ -32,6 +34,8 @@ def comm_options(p) -> dict:
 
 
 class DDPStrategy(Strategy):
+    forward_sync_buffers = True  # DDP's: rank 0's buffers (batch-norm statistics) sent at each synced forward
+
     def __init__(self, cfg, env):
         super().__init__(cfg, env)
         self.algorithm = ALGORITHM[cfg.parallel.strategy]
@@ -45,7 +49,8 @@ class DDPStrategy(Strategy):
         p, env = self.cfg.parallel, self.env
         ddp = DDP(model.to(env.device), device_ids=[env.device] if env.device.type == "cuda" else None,
                   bucket_cap_mb=p.bucket_cap_mb, gradient_as_bucket_view=p.gradient_as_bucket_view,
-                  static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters)
+                  static_graph=p.static_graph, find_unused_parameters=p.find_unused_parameters,
+                  forward_sync_buffers=self.forward_sync_buffers)
         if example is not None:
             settle_buckets(ddp, example)
         state, hook = self.comm_hook()

@@ -46,15 +46,16 @@ def quality_lines(rows: list, command: str, budget: float, record, rest: list, r
               "size, samples and evaluation spacing) and judged again at quality_budget; a verdict on one seed is "
               f"shown as {quality.INDICATIVE} and not acted on" if record else
               "Quality: no record of verdicts given (quality=PATH), so none is known for this task") +
-             "; exact: uncompressed gradients at one micro-step, the same arithmetic as ddp"]
+             "; exact: every step's gradients summed uncompressed at one micro-step, the same arithmetic as ddp"]
     wanting = [r for r in rows if r["quality"] in (NO_VERDICT, quality.INDICATIVE)]
     if judged := [r for r in rows if r["quality"] not in (*ELIGIBLE, NO_VERDICT, quality.INDICATIVE)]:
         lines.append("Left out for quality: " + ", ".join(f"{r['preset']} ({r['quality']})" for r in judged))
     if wanting:
         named = ", ".join(r["preset"] + (" (one seed only)" if r["quality"] == quality.INDICATIVE else "")
                           for r in wanting)
-        lines.append(("Compressed presets (and those with accumulation or autocast) need a decisive verdict on this "
-                      f"task to be recommended; none for: {named}") if all(r["quality"] == "exact" for r in ok) else
+        exact_only = all(r["quality"] == "exact" for r in ok)
+        lines.append(("Compressed or averaging presets (and those with accumulation or autocast) need a decisive "
+                      f"verdict on this task to be recommended; none for: {named}") if exact_only else
                      f"Left out, no decisive verdict on this task: {named}")
         presets = ",".join(["ddp", *(r["preset"] for r in wanting)])
         sweep = " ".join(["python -m ringexp.train -m", f"+parallel={presets}", "seed=0,1,2", *rest])

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp.config import TrainConfig, plain
+from ringexp.config import AVERAGING, TrainConfig, plain
 from ringexp.errors import ConfigError, one_line
 from ringexp.predict import preset_config, presets
 
@@ -30,10 +30,16 @@ KNOBS = {
     "compression.start_step": "PowerSGD's uncompressed steps first",
     "compression.ratio": "top-k / random-k: the fraction of elements sent",
     "amp.mode": "autocast: off, bf16 or fp16",
+    "parallel.period": "local_sgd, diloco: steps between two synchronisations of the models",
+    "parallel.outer_lr": "diloco: the outer Nesterov step's learning rate",
+    "parallel.fragments": "local_sgd, diloco: parts of the model synchronised at staggered steps",
 }
 SET_BY_TUNE = ("name", "seed", "steps", "eval_every", "resume", "logger")
 UNMODELLED = {"compression.start_step": lambda cfg: cfg.compression.name == "powersgd",
-              "amp.mode": lambda cfg: True}
+              "amp.mode": lambda cfg: True,
+              "parallel.outer_lr": lambda cfg: True, "parallel.fragments": lambda cfg: True}
+# Knobs only some strategies read; on the others they are not tried (not refusals: there is nothing to vary)
+READ_BY = {"parallel.period": AVERAGING, "parallel.fragments": AVERAGING, "parallel.outer_lr": ("diloco",)}
 
 
 @dataclass
@@ -113,6 +119,8 @@ def candidates(train: list, names: list, knob_values: dict, predict, nodes: int 
 def variants(own: Candidate, train: list, knob_values: dict, predict, nodes, refused: list):
     """`own` with one knob changed, where the change changes `own` (see the module's docstring)."""
     for key, values in knob_values.items():
+        if own.cfg.parallel.strategy not in READ_BY.get(key, (own.cfg.parallel.strategy,)):
+            continue
         for v in values:
             name, extra = f"{own.name} {key}={v}", [*own.overrides, f"{key}={v}"]
             try:
