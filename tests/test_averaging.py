@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import KILL_CASES, kill_and_resume, reference_losses, strategy_cfg, workers
+from conftest import KILL_CASES, TINY, kill_and_resume, reference_losses, run_cli, strategy_cfg, workers
 from torch import nn
 
+from ringexp import compress, parallel, records
 from ringexp import dist as rdist
-from ringexp import parallel
 from ringexp.config import CompressionConfig
 from ringexp.errors import ConfigError
 from ringexp.models import small_cnn
@@ -240,3 +240,22 @@ def test_averaging_settings_on_fsdp_are_refused():
     with pytest.raises(ConfigError) as e:
         compose_config(["+parallel=fsdp", "parallel.period=4"])
     assert "only local_sgd and diloco synchronise models periodically" in str(e.value)
+
+
+def test_a_run_records_its_synchronizations_and_times_them_as_exposed_communication(tmp_path):
+    """local_sgd at period 3 for 12 steps with fp16 pseudo-gradients: 4 synchronizations (steps 3, 6, 9, 12), the
+    bytes of one as the compressor sends them, a third of that per step; rows logged at steps 5 and 10, neither of
+    which synchronized, still show the synchronizations since the previous row as exposed communication."""
+    run = tmp_path / "run"
+    r = run_cli(run, *TINY, "+parallel=local_sgd", "parallel.period=3", "parallel.warmup_steps=0", "compression=fp16",
+                "logger.log_every=5", "eval_every=12")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = records.read_summary(run)
+    cfg = compose_config(["+parallel=local_sgd", "compression=fp16"])
+    numel = s["grad_bytes"] // 4
+    one = compress.wire_bytes(cfg.compression, "builtin", numel, 2)
+    assert s["synchronizations"] | {"bytes_per_sync": one} == s["synchronizations"]
+    assert s["synchronizations"]["count"] == 4 and s["wire_bytes_per_rank_per_step"] == one // 3, s
+    rows = {row["step"]: row for row in records.read_rows(run)}
+    for step in (5, 10):
+        assert rows[step]["time/exposed_comm_s"] > 0 and rows[step]["time/comm_s"] > 0, rows[step]
