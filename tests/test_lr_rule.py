@@ -33,13 +33,17 @@ def test_the_factor_follows_the_rule_and_the_optimizer(rule, name, four, half):
     assert lr_factor(rule, name, 32, 32) == 1.0  # plain DDP's own batch: every rule leaves the rate alone
 
 
-def test_samples_per_update_count_every_ranks_micro_batches_and_the_record_resolves_auto():
+def test_samples_per_update_are_the_strategys_count_and_the_record_resolves_auto():
     for preset in ("ddp", "ring_fp16", "fsdp"):
         cfg = compose_config(["data.batch_size=16", "accumulation.steps=4", "optim=sgd", "optim.lr_rule=auto",
                               f"+parallel={preset}"])
         assert parallel.samples_per_update(cfg, 2) == 2 * 16 * 4, preset
         got = base_lr(cfg.optim, 128, 128, 32)
         assert got == {"rule": "linear", "factor": 4.0, "lr": pytest.approx(4 * cfg.optim.lr)}, (preset, got)
+    # a strategy that counts its own: local SGD's replica updates on one rank's samples (on its node's, within_node)
+    local = compose_config(["data.batch_size=16", "accumulation.steps=4", "+parallel=local_sgd"])
+    assert parallel.samples_per_update(local, 4) == 16 * 4
+    assert lr_factor(LrRule.linear, OptimName.sgd, parallel.samples_per_update(local, 4), 4 * 16) == 1.0
     scaled = compose_config(["optim.scale_lr=true", "optim.base_batch_size=64"]).optim
     assert base_lr(scaled, 128, 128, 32) == {"rule": "scale_lr", "factor": 2.0, "lr": pytest.approx(2 * scaled.lr)}
 
