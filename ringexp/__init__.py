@@ -12,7 +12,8 @@ Ctrl-C with one line before torch has loaded (ringexp.stop).
 
 import importlib
 
-_HOME = {"Averager": "ringexp.parallel.averager", "all_reduce": "ringexp.parallel.hooks", "settle_buckets": "ringexp.parallel.ddp",
+_HOME = {"Averager": "ringexp.parallel.averager", "all_reduce": "ringexp.parallel.hooks",
+         "settle_buckets": "ringexp.parallel.ddp",
          "COMPRESSIONS": "ringexp.parallel.hooks", "CommState": "ringexp.parallel.hooks",
          "ddp_comm_hook": "ringexp.parallel.hooks"}
 __all__ = ["ALGORITHMS", "Averager", "COMPRESSIONS", "CommState", "all_reduce", "ddp_comm_hook", "settle_buckets"]

@@ -94,6 +94,14 @@ class OptimName(StrEnum):
     sgd = "sgd"
 
 
+class LrRule(StrEnum):
+    """How optim.lr follows the samples behind one optimizer update against plain DDP's (ringexp.optim.lr_factor)."""
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+    auto = "auto"  # linear for SGD, sqrt for AdamW
+
+
 class WandbMode(StrEnum):
     offline = "offline"
     online = "online"
@@ -207,6 +215,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio
     scale_lr: bool = False  # linear scaling rule: lr * global_batch / base_batch_size
     base_batch_size: int = 128
+    lr_rule: LrRule = LrRule.none  # lr x (samples per update / plain DDP's), linear or its square root
     grad_clip: Optional[float] = None  # max global grad norm; null disables
 
     def __post_init__(self):
@@ -216,6 +225,9 @@ class OptimConfig:
         need(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
         need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
         need(self.base_batch_size >= 1, "optim.base_batch_size", self.base_batch_size, "must be >= 1")
+        if self.scale_lr and self.lr_rule != LrRule.none:
+            raise ConfigError(f"optim.scale_lr=true with optim.lr_rule={self.lr_rule}: both would scale the learning "
+                              "rate; keep one (optim.scale_lr=false, or optim.lr_rule=none)")
         need(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip,
              "must be > 0, or null to disable")
 

@@ -1,17 +1,46 @@
-"""The optimizer and its schedule: AdamW or SGD, linear warm-up then cosine decay."""
+"""The optimizer and its schedule: AdamW or SGD, linear warm-up then cosine decay, from a learning rate that may
+follow the samples behind one update (optim.lr_rule: lr_factor)."""
 
 import math
 from functools import partial
 
 import torch
 
-from ringexp.config import OptimName
+from ringexp.config import LrRule, OptimName
 
 
-def build_optimizer(model, ocfg, global_batch: int, total_steps: int, momentum_in_compressor: bool = False):
-    """(optimizer, LR scheduler) for `ocfg` (the optim config). `momentum_in_compressor`: DGC's momentum correction
-    applies SGD's momentum before compression (ringexp.compress.feedback), so the optimizer runs without it."""
-    lr = ocfg.lr * (global_batch / ocfg.base_batch_size if ocfg.scale_lr else 1.0)
+def lr_factor(rule: LrRule, name: OptimName, effective: int, reference: int) -> float:
+    """What optim.lr is multiplied by under `rule` when one optimizer update of a replica stands on `effective`
+    samples where plain DDP's stands on `reference` (world size x data.batch_size): their ratio (linear) or its
+    square root (sqrt), so that a larger batch, which makes fewer updates over the same samples, makes longer ones;
+    none: 1. For optimizer `name` where the rule is auto (see resolved)."""
+    ratio = effective / reference
+    return {LrRule.none: 1.0, LrRule.linear: ratio, LrRule.sqrt: math.sqrt(ratio)}[resolved(rule, name)]
+
+
+def resolved(rule: LrRule, name: OptimName) -> LrRule:
+    """auto as the rule it stands for: linear for SGD (Goyal et al. 2017), sqrt for AdamW, whose update is
+    normalised by the gradients' second moment (Malladi et al. 2022: square-root scaling for adaptive optimizers)."""
+    if rule != LrRule.auto:
+        return rule
+    return LrRule.linear if name == OptimName.sgd else LrRule.sqrt
+
+
+def base_lr(ocfg, global_batch: int, effective: int, reference: int) -> dict:
+    """The learning rate the schedule starts from (before warm-up and decay) and what made it, as records hold it:
+    {"rule": none, linear or sqrt (auto resolved), or scale_lr (optim.scale_lr: global batch / base_batch_size),
+    "factor", "lr"}. `effective`, `reference`: see lr_factor (config.OptimConfig refuses scale_lr with a rule)."""
+    if ocfg.scale_lr:
+        rule, factor = "scale_lr", global_batch / ocfg.base_batch_size
+    else:
+        rule, factor = resolved(ocfg.lr_rule, ocfg.name), lr_factor(ocfg.lr_rule, ocfg.name, effective, reference)
+    return {"rule": str(rule), "factor": factor, "lr": ocfg.lr * factor}
+
+
+def build_optimizer(model, ocfg, lr: float, total_steps: int, momentum_in_compressor: bool = False):
+    """(optimizer, LR scheduler) for `ocfg` (the optim config) starting from `lr` (base_lr's, where the rules apply;
+    optim.lr as it is where the rate does not matter). `momentum_in_compressor`: DGC's momentum correction applies
+    SGD's momentum before compression (ringexp.compress.feedback), so the optimizer runs without it."""
     kw = {"lr": lr, "weight_decay": ocfg.weight_decay, "fused": fused_ok(model, ocfg.name) or None}
     if ocfg.name == OptimName.sgd:
         opt = torch.optim.SGD(model.parameters(), momentum=0.0 if momentum_in_compressor else ocfg.momentum, **kw)

@@ -170,12 +170,14 @@ def seeds_needed(d: np.ndarray, margin: float, alpha: float = ALPHA) -> int:
 
 
 def task_of(cfg, world_size: int) -> dict:
-    """What a verdict was measured on: the model, the data (but how it is loaded), the optimizer, and the samples
-    of training and between evaluations (so that a candidate with accumulation, fewer steps of more samples each,
-    is on its baseline's task). Two runs are of one task when these are equal."""
+    """What a verdict was measured on: the model, the data (but how it is loaded), the optimizer (but optim.lr_rule:
+    how the rate follows accumulation is a candidate's choice, like accumulation itself), and the samples of training
+    and between evaluations (so that a candidate with accumulation, fewer steps of more samples each, is on its
+    baseline's task). Two runs are of one task when these are equal."""
     batch = cfg.data.batch_size * cfg.accumulation.steps * world_size
     data = {k: v for k, v in plain(cfg.data).items() if k not in ("num_workers", "skip_bad")}
-    return {"model": plain(cfg.model), "data": data, "optim": plain(cfg.optim), "world_size": world_size,
+    optim = {k: v for k, v in plain(cfg.optim).items() if k != "lr_rule"}
+    return {"model": plain(cfg.model), "data": data, "optim": optim, "world_size": world_size,
             "samples": cfg.steps * batch, "eval_every_samples": cfg.eval_every * batch}
 
 

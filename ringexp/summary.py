@@ -63,6 +63,8 @@ COMPLETED = {
     "memory": "a mapping", "memory.peak_bytes": "a number >= 0", "peak_memory_bytes": "a number >= 0",
     "wire_bytes_per_rank_per_step": "a number >= 0", "world_size": "a count >= 1", "job_type": "text",
     "task": "a mapping",  # quality.task_of: what a quality verdict on this run was measured on
+    # the learning rate the schedule started from and the rule that set it (ringexp.optim.base_lr; compare shows it)
+    "lr_rule": "a mapping", "lr_rule.rule": "text", "lr_rule.factor": "a number >= 0", "lr_rule.lr": "a number >= 0",
     "versions": "a mapping",  # ringexp.versions: the code it ran, which a verdict's runs must share
     "nodes": "a count >= 1", "ranks_per_node": "a count >= 1", "link": "text", "backend_env": "a backend record",
     # local_sgd, diloco (Strategy.synchronizations): every how many steps the models were synchronised, how often

@@ -27,7 +27,7 @@ from ringexp.data import build_datasets
 from ringexp.data.loader import batches, loaders
 from ringexp.metrics import evaluate, state_bytes
 from ringexp.models import build_model, param_bytes
-from ringexp.optim import build_optimizer
+from ringexp.optim import base_lr, build_optimizer
 from ringexp.parallel.base import unwrap
 from ringexp.recorder import Recorder
 
@@ -89,8 +89,10 @@ class Trainer:
         self.model = self.strategy.wrap(model, self.recorder.comm_timer, example)
         self.no_samples = example[:0]  # the input of a forward with nothing to evaluate
         self.no_sync = partial(self.strategy.no_sync, self.model)
-        global_batch = cfg.data.batch_size * cfg.accumulation.steps * env.world_size
-        self.opt, self.sched = build_optimizer(self.model, cfg.optim, global_batch, cfg.steps,
+        # the learning rate and the rule that set it (optim.lr_rule against plain DDP's samples per update)
+        self.rate = base_lr(cfg.optim, self.recorder.global_batch, parallel.samples_per_update(cfg, env.world_size),
+                            env.world_size * cfg.data.batch_size)
+        self.opt, self.sched = build_optimizer(self.model, cfg.optim, self.rate["lr"], cfg.steps,
                                                cfg.compression.momentum_correction)
         self.autocast = amp_context(cfg.amp.mode, env.device)
         self.scaler = self.strategy.grad_scaler()
@@ -236,7 +238,7 @@ class Trainer:
         # unreadable images skipped (data.skip_bad): in training so far, and in the validation set
         val_skipped = self.recorder.evals[-1].get("skipped_bad", 0) if self.recorder.evals else 0
         extra = {"skipped_steps": int(self.skipped_steps), "data_skipped_bad": self.recorder.skipped_bad + val_skipped,
-                 "checkpoint": str(self.saved) if self.saved else None,
+                 "lr_rule": self.rate, "checkpoint": str(self.saved) if self.saved else None,
                  "resumed_from": {"checkpoint": str(self.ckpt), "step": self.start, "skipped": self.skipped}
                  if self.ckpt else None}
         if self.recorder.meta.get("backend_env"):

@@ -46,7 +46,7 @@ TINY = ["steps=12", "eval_every=6", "throughput_warmup=2", "data.train_size=1024
 # of LONGEST_FIRST (the files whose tests take longest on a 2-core machine, as measured for docs/results/README.md's
 # "the suite"), so that the last minutes are short tests filling in, not one long file on one worker.
 SHARED = {"test_cluster.py": "slurm", "test_slurm.py": "slurm", "test_compare.py": None, "test_completed.py": None,
-          "test_resume.py": None, "test_train.py": None}
+          "test_resume.py": None, "test_train.py": None, "test_lr_rule.py": None}
 LONGEST_FIRST = ["test_cluster.py", "test_slurm.py", "test_resume.py", "test_hostile.py", "test_tune.py",
                  "test_hostile_tune.py", "test_fuzz.py", "test_plan.py", "test_library.py", "test_faults.py",
                  "test_hostile_run.py", "test_bench.py", "test_quality.py"]

@@ -48,7 +48,7 @@ def sgd_worker():
     cfg = strategy_cfg("fsdp", env.world_size)
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, name="sgd"))
     model = parallel.build(cfg, env).wrap(small_cnn(5, width=8))
-    opt, _ = build_optimizer(model, cfg.optim, 16, 10)
+    opt, _ = build_optimizer(model, cfg.optim, cfg.optim.lr, 10)
     losses, _, _ = train_steps(model, opt, env.rank, 1, 2, lambda sync: contextlib.nullcontext())
     rdist.cleanup()
     return losses
@@ -91,7 +91,7 @@ def overflow_worker():
     strat = parallel.build(cfg, env)
     model = strat.wrap(small_cnn(5, width=8))
     scaler = strat.grad_scaler()
-    opt, _ = build_optimizer(model, cfg.optim, 16, 10)  # fused: its step checks infs itself
+    opt, _ = build_optimizer(model, cfg.optim, cfg.optim.lr, 10)  # fused: its step checks infs itself
     before = scaler.get_scale()
     scaler.scale(model(torch.randn(4, 3, 32, 32)).square().mean()).backward()
     if env.rank == 0:

@@ -66,6 +66,25 @@ def test_a_knob_is_tried_only_on_the_presets_it_changes_and_each_configuration_o
     assert len({space.fingerprint(c.cfg) for c in cands}) == len(cands)
 
 
+def test_an_accumulation_candidate_scales_its_learning_rate_unless_the_user_set_a_rule():
+    """Accumulation at the baseline's rate makes 4x fewer updates of the same length: each candidate of it takes
+    optim.lr_rule=auto (its name says so), the others do not; a rule or optim.scale_lr among the training overrides
+    is kept as given (optim.lr_rule=none turns the pairing off)."""
+    knobs = space.knobs(["accumulation.steps=4", "amp.mode=bf16"])
+    cands, refused = space.candidates(TASK, ["ddp", "ring_int8"], knobs, None, 2, "")
+    by_name = {c.name: c for c in cands}
+    assert refused == [] and "ddp accumulation.steps=4 optim.lr_rule=auto" in by_name, list(by_name)
+    for c in cands:
+        paired = c.cfg.accumulation.steps == 4
+        assert (c.cfg.optim.lr_rule == "auto") == paired and ("optim.lr_rule=auto" in c.overrides) == paired, c
+    for own, rule, scale in ((["optim.lr_rule=none"], "none", False), (["optim=sgd", "optim.lr_rule=linear"],
+                             "linear", False), (["optim.scale_lr=true"], "none", True)):
+        cands, refused = space.candidates([*TASK, *own], ["ddp"], knobs, None, 2, "")
+        acc = [c for c in cands if c.cfg.accumulation.steps == 4]
+        assert refused == [] and [c.name for c in acc] == ["ddp accumulation.steps=4"], (own, cands, refused)
+        assert (acc[0].cfg.optim.lr_rule, acc[0].cfg.optim.scale_lr) == (rule, scale), own
+
+
 def test_the_planner_order_prunes_what_it_predicts_slower_and_random_order_prunes_nothing():
     cands, _ = space.candidates(TASK, ["ddp_fp16", "ring_int8", "fsdp"], {}, planner, 2, "")
     base = planner(space.preset_config("ddp", TASK, 2))["samples_s"]

@@ -1,6 +1,8 @@
 """How compare writes a value as a cell of a table (whether a value is text that can be written anywhere is
 ringexp.summary.is_text)."""
 
+from ringexp.summary import KINDS, is_text
+
 
 def fmt(key: str, value) -> str:
     """A table's cell: a share as a percentage, a ratio with x, a quality metric to 3 places."""
@@ -19,6 +21,15 @@ def fmt(key: str, value) -> str:
     if isinstance(value, float):
         return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)
+
+
+def lr_rule(record) -> str | None:
+    """The rule that set a run's learning rate and its factor on optim.lr, e.g. 'sqrt x2', from a summary's lr_rule
+    (or a tune trial's, which copies it); None where none is recorded or it is not a rule and a number."""
+    r = record.get("lr_rule")
+    if not isinstance(r, dict) or not is_text(r.get("rule")) or not KINDS["a number >= 0"](r.get("factor")):
+        return None
+    return f"{r['rule']} x{r['factor']:.3g}"
 
 
 def aligned(cells) -> list:

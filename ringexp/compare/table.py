@@ -1,8 +1,9 @@
 """The runs' table: one row per completed run, labelled by the overrides that differ between the runs, with its
 speed-up against the baseline row, the step-time split, bytes on the wire, quality and memory; the failed and
-unreadable runs as (label, error). Also the backend's variables a run had in force, and the cost model's prediction
-for a run on a calibrated cluster (ringexp.predict's row, from the cluster files of ringexp.cluster.files). A row's
-keys are its columns (HEAD, PREDICTED, ...); `columns(rows)` says which of them a table shows.
+unreadable runs as (label, error). Also the backend's variables a run had in force and the rule that set its
+learning rate (shown where the runs differ in them), and the cost model's prediction for a run on a calibrated
+cluster (ringexp.predict's row, from the cluster files of ringexp.cluster.files). A row's keys are its columns
+(HEAD, PREDICTED, ...); `columns(rows)` says which of them a table shows.
 """
 
 import os
@@ -12,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import backend, predict, records
 from ringexp.cluster import files as clusters
+from ringexp.compare.cells import lr_rule
 from ringexp.compare.load import YAML_LIMIT, printable_path
 from ringexp.config import TrainConfig
 from ringexp.errors import ConfigError
@@ -64,7 +66,7 @@ def table(runs, baseline: str | None = None, clusters=()):
             "final AUROC": s["final"].get("auroc_macro"), "best AUROC": s["best"].get("auroc_macro"),
             "final F1": s["final"].get("f1_macro"),
             "peak MB": (m.get("peak_bytes") or s.get("peak_memory_bytes") or 0) / 1e6,
-            "verdict": t.get("verdict"), "backend env": backend_env(s), "_run": run,
+            "verdict": t.get("verdict"), "backend env": backend_env(s), "lr rule": lr_rule(s), "_run": run,
         } | predicted(run, clusters))
     return rows, failed, base
 
@@ -120,9 +122,8 @@ def _ms(seconds):
 
 
 def columns(rows) -> list:
-    """HEAD, the backend's variables where the runs differ in them, the predictions where there are any, the
-    quality verdict of each run's seed group where the groups were judged."""
-    differ = len({r.get("backend env") for r in rows}) > 1
-    return (HEAD + (["backend env"] if differ else []) + (PREDICTED if any("predicted step ms" in r for r in rows)
-                                                          else []) + (["quality"] if any("quality" in r for r in rows)
-                                                                      else []))
+    """HEAD, the backend's variables and the learning rate's rule where the runs differ in them, the predictions
+    where there are any, the quality verdict of each run's seed group where the groups were judged."""
+    differ = [k for k in ("backend env", "lr rule") if len({r.get(k) for r in rows}) > 1]
+    return (HEAD + differ + (PREDICTED if any("predicted step ms" in r for r in rows) else [])
+            + (["quality"] if any("quality" in r for r in rows) else []))

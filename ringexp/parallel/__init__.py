@@ -54,6 +54,12 @@ def traffic(cfg, world: World, shapes: list) -> int:
     return STRATEGIES[cfg.parallel.strategy].traffic(cfg, world, shapes)
 
 
+def samples_per_update(cfg, world_size: int) -> int:
+    """Samples behind one optimizer update of one model replica of `cfg` on `world_size` ranks, as its strategy
+    counts them (what optim.lr_rule scales the learning rate by)."""
+    return STRATEGIES[cfg.parallel.strategy].samples_per_update(cfg, world_size)
+
+
 def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
     """The strategy's predicted step of `cfg` on cluster `cl` (comm_s, exposed_s, step_s), the samples/s of every
     rank together that follows, and NCCL's algorithms and protocols in it (`nccl`: '' on gloo). The run's
@@ -79,4 +85,5 @@ def first_steady(cfg) -> tuple:
     return compress.first_compressed_step(cfg.compression), dataclasses.replace(cfg, compression=CompressionConfig())
 
 
-__all__ = ["STRATEGIES", "Strategy", "World", "build", "check", "first_steady", "step_cost", "traffic"]
+__all__ = ["STRATEGIES", "Strategy", "World", "build", "check", "first_steady", "samples_per_update",
+           "step_cost", "traffic"]

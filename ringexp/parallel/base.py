@@ -88,6 +88,14 @@ class Strategy:
         return 0
 
     @staticmethod
+    def samples_per_update(cfg, world_size: int) -> int:
+        """Samples behind one optimizer update of one model replica: every rank's micro-batches of the step, since
+        the gradients are averaged over all ranks before each update. optim.lr_rule scales the learning rate by this
+        against plain DDP's (world_size x data.batch_size). Periodic-averaging strategies override it: their
+        replicas update on fewer ranks' samples between averagings."""
+        return world_size * cfg.data.batch_size * cfg.accumulation.steps
+
+    @staticmethod
     def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
         """{comm_s, exposed_s, step_s} of one optimizer step of `cfg` on cluster `cl` (a ClusterConfig), for a model
         of parameter `shapes` whose one rank takes `compute` (forward_s, backward_s, optimizer_s)."""

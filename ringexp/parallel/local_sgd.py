@@ -12,6 +12,7 @@ fragment, so that the final model is the ranks' average. A checkpoint holds ever
 optimizer (they differ between synchronisations) beside the global model.
 """
 
+import os
 from dataclasses import replace
 
 import torch
@@ -143,7 +144,9 @@ class LocalSGDStrategy(DDPStrategy):
     @staticmethod
     def samples_per_update(cfg, world_size: int) -> int:
         """One replica's update: its own samples, or its node's with within_node."""
-        ranks = world_size // (cfg.parallel.nodes or 1) if cfg.parallel.within_node else 1
+        per_node = world_size // cfg.parallel.nodes if cfg.parallel.nodes else \
+            int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # (the launcher's ranks on this node)
+        ranks = per_node if cfg.parallel.within_node else 1
         return ranks * cfg.data.batch_size * cfg.accumulation.steps
 
 

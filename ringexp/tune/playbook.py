@@ -7,7 +7,7 @@ from collections import defaultdict
 from omegaconf import OmegaConf
 
 from ringexp import records
-from ringexp.compare.cells import markdown_table
+from ringexp.compare.cells import lr_rule, markdown_table
 from ringexp.config import plain
 from ringexp.plotting import pyplot, save, short
 from ringexp.tune import verify
@@ -77,7 +77,7 @@ def phase_rows(t) -> list:
 
 
 TRIAL_HEAD = ["trial", "candidate", "steps", "predicted ms", "refitted ms", "measured ms", "samples/s",
-              "p10-p90", "outcome"]
+              "p10-p90", "lr rule", "outcome"]
 
 
 def trial_rows(t) -> list:
@@ -90,7 +90,7 @@ def trial_rows(t) -> list:
         ok = r["status"] == "completed"
         out.append([r["key"], r["candidate"], str(r["steps"]), ms(pred), ms(after), ms(r.get("step_s")),
                     f"{r['samples_s']:.1f}" if ok else "-",
-                    f"{r['samples_s_p10']:.1f}-{r['samples_s_p90']:.1f}" if ok else "-",
+                    f"{r['samples_s_p10']:.1f}-{r['samples_s_p90']:.1f}" if ok else "-", lr_rule(r) or "-",
                     "completed" if ok else f"{r['status']}: {r['reason']}"])
     return out
 

@@ -5,7 +5,8 @@ candidate a list of training overrides over the user's and its checked config, r
     candidates(train, presets, knobs, predict)
                                          the distinct candidates, each with the planner's prediction; a knob value
                                          is kept for a preset only where it changes the prediction (or, for what the
-                                         planner does not model, where UNMODELLED says the preset reads it)
+                                         planner does not model, where UNMODELLED says the preset reads it); a
+                                         candidate of accumulation also scales its learning rate (PAIRED)
     ranked(cands, base, search, prune, seed)
                                          planner: fastest predicted first, those predicted slower than the baseline
                                          by more than `prune` left out; random: shuffled, none left out
@@ -34,6 +35,11 @@ KNOBS = {
     "parallel.outer_lr": "diloco: the outer Nesterov step's learning rate",
     "parallel.fragments": "local_sgd, diloco: parts of the model synchronised at staggered steps",
 }
+# What a candidate changing a knob also sets: accumulation at the baseline's learning rate makes k times fewer
+# updates of the same length over the same samples, so it looked worse wherever it was tried (every accumulation
+# candidate of the tune story: about -0.03 AUROC); with the rule it makes longer ones (docs/configuration.md's
+# "Fair large batch"). Training overrides naming the pair's key, or optim.scale_lr, keep the user's choice.
+PAIRED = {"accumulation.steps": ["optim.lr_rule=auto"]}
 SET_BY_TUNE = ("name", "seed", "steps", "eval_every", "resume", "logger")
 UNMODELLED = {"compression.start_step": lambda cfg: cfg.compression.name == "powersgd",
               "amp.mode": lambda cfg: True,
@@ -121,10 +127,12 @@ def variants(own: Candidate, train: list, knob_values: dict, predict, nodes, ref
     for key, values in knob_values.items():
         if own.cfg.parallel.strategy not in READ_BY.get(key, (own.cfg.parallel.strategy,)):
             continue
+        pair = paired(key, train, own.cfg)
         for v in values:
-            name, extra = f"{own.name} {key}={v}", [*own.overrides, f"{key}={v}"]
+            changed = [f"{key}={v}", *pair]
+            name, extra = " ".join([own.name, *changed]), [*own.overrides, *changed]
             try:
-                cfg = preset_config(own.name, [*train, f"{key}={v}"], nodes)
+                cfg = preset_config(own.name, [*train, *changed], nodes)
             except ConfigError as e:
                 refused.append((name, str(e)))
                 continue
@@ -133,6 +141,16 @@ def variants(own: Candidate, train: list, knob_values: dict, predict, nodes, ref
             got = predict(cfg) if predict else {}
             if not predict or got["step_s"] != own.predicted["step_s"] or UNMODELLED.get(key, lambda c: False)(cfg):
                 yield Candidate(name, extra, cfg, got)
+
+
+def paired(key: str, train: list, cfg) -> list:
+    """The overrides a candidate changing `key` also sets (PAIRED): those whose key the training overrides `train`
+    leave alone (optim.lr_rule=none there turns the pairing off), none where `cfg` scales the rate by optim.scale_lr
+    (a rule beside it is refused)."""
+    said = {o.lstrip("+~").partition("=")[0] for o in train}
+    if cfg.optim.scale_lr:
+        return []
+    return [o for o in PAIRED.get(key, []) if o.partition("=")[0] not in said]
 
 
 def ranked(cands: list, base_samples_s: float, search: str, prune: float, seed: int) -> tuple:

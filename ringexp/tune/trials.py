@@ -148,7 +148,7 @@ def outcome(code: int, start: float, run_dir: Path, log: Path) -> dict:
             "samples_s": t["median"], "samples_s_p10": t["p10"], "samples_s_p90": t["p90"],
             "step_s": summary["step_time_s"]["median"] if isinstance(summary.get("step_time_s"), dict)
             else summary.get("step_time_s"), "run_wall_s": summary.get("wall_time_s"),
-            "auroc": summary["final"]["auroc_macro"]}
+            "auroc": summary["final"]["auroc_macro"], "lr_rule": summary.get("lr_rule")}
     said = (summary or {}).get("error") or last_line(log)
     if code == 2:
         return ended(start, run_dir, "refused", said)
