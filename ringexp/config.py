@@ -55,6 +55,8 @@ class StrategyName(StrEnum):
 
 
 AVERAGING = (StrategyName.local_sgd, StrategyName.diloco)  # the strategies that synchronise models every period
+# ParallelConfig's keys that only they read
+AVERAGING_KEYS = ("period", "warmup_steps", "within_node", "averaging", "outer_lr", "outer_momentum", "fragments")
 
 
 class AveragingCollective(StrEnum):  # the collective a periodic averaging runs (ringexp.comm's)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ringexp import dist as rdist
 from ringexp import parallel, quality
 from ringexp.compress import powersgd
-from ringexp.config import CONF_DIR
+from ringexp.config import AVERAGING, AVERAGING_KEYS, CONF_DIR
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.optim import build_optimizer
@@ -46,6 +46,11 @@ def preset_config(name: str, train: list, nodes: int | None = None):
                           f"multi-rank preset ({', '.join(presets())})")
     if name not in presets():
         raise ConfigError(f"preset {name}: no such conf/parallel preset; choose from {', '.join(presets())}")
+    averaging = [o for o in train if o.split("=", 1)[0].lstrip("+~") in {f"parallel.{k}" for k in AVERAGING_KEYS}]
+    if averaging:  # (parallel.period and the like: for the presets that average, as a knob is for those it changes)
+        cfg = compose_config([*(o for o in train if o not in averaging), f"+parallel={name}"], nodes)
+        if cfg.parallel.strategy not in AVERAGING:
+            return cfg
     return compose_config([*train, f"+parallel={name}"], nodes)
 
 

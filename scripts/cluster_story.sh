@@ -4,6 +4,10 @@
 # (width 48: 2.6 MB of float32 gradients) for 120 steps of 8 images per rank. Plain DDP spends about 80% of its
 # step on the link there and passes 0.90 validation macro-AUROC near step 60 (docs/results/cluster-story.md).
 #   scripts/cluster_story.sh            (about an hour on 2 cores; needs root)
+#   scripts/cluster_story.sh averaging  (fewer synchronizations, docs/results/averaging-story.md: ddp, local SGD and
+#                                        DiLoCo at several periods with and without a compressed outer gradient,
+#                                        accumulation x4 with and without optim.lr_rule=auto, each at seeds 0-2,
+#                                        and compare, into outputs/cluster-story-averaging; about 45 minutes)
 #   scripts/cluster_story.sh two_phase  (the compressed all-reduce that scales, docs/results/compression-scaling.md:
 #                                        ddp, ddp_sign and hierarchical_bytegrad at seeds 0-2 and compare, into
 #                                        outputs/cluster-story-two-phase; about 30 minutes)
@@ -26,8 +30,8 @@ cluster="$root/scripts/cluster_local.sh"
 task=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.0 data.val_size=1024 logger=none)
 steps=120
 mode="${1:-all}"
-[ "$mode" = all ] || [ "$mode" = two_phase ] || { echo "usage: scripts/cluster_story.sh [two_phase]" >&2; exit 2; }
-[ "$mode" = all ] || out="$out-two-phase"
+case "$mode" in all | two_phase | averaging) ;; *) echo "usage: scripts/cluster_story.sh [two_phase|averaging]" >&2; exit 2 ;; esac
+[ "$mode" = all ] || out="$out-${mode/_/-}"
 trap '"$cluster" down >/dev/null 2>&1 || true' EXIT
 "$cluster" up --nodes 2 --rate 25mbit --slurm
 eval "$("$cluster" env)"  # SLURM_CONF: the cluster's Slurm, for hydra/launcher=slurm
@@ -39,6 +43,26 @@ sweep() {  # sweep NAME OVERRIDES...: one Slurm sweep over both nodes into $out/
   python -m ringexp.train -m hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 \
     hydra.launcher.array_parallelism=1 "${task[@]}" "hydra.sweep.dir=$out/$name" "$@" >/dev/null
 }
+if [ "$mode" = averaging ]; then
+  seeds=seed=0,1,2
+  sweep ddp +parallel=ddp "$seeds" "steps=$steps" eval_every=5
+  # the same samples in a quarter of the updates, at the baseline's rate and at the rate scaled to the batch
+  sweep accumulation +parallel=ddp accumulation=x4 "$seeds" "steps=$((steps / 4))" eval_every=2
+  sweep accumulation-scaled +parallel=ddp accumulation=x4 optim.lr_rule=auto "$seeds" "steps=$((steps / 4))" \
+    eval_every=2
+  local=(parallel.warmup_steps=0 "$seeds" "steps=$steps" eval_every=5)
+  sweep local-p4 +parallel=local_sgd parallel.period=4 "${local[@]}"
+  sweep local-p4-int8 +parallel=local_sgd parallel.period=4 compression=int8 "${local[@]}"
+  sweep local-p8-fp16 +parallel=local_sgd parallel.period=8 compression=fp16 "${local[@]}"
+  sweep local-p8-int8 +parallel=local_sgd parallel.period=8 compression=int8 "${local[@]}"
+  sweep local-p16 +parallel=local_sgd parallel.period=16 "${local[@]}"
+  sweep local-p8-node +parallel=local_sgd parallel.period=8 parallel.within_node=true "${local[@]}"  # per node
+  sweep local-preset +parallel=local_sgd "$seeds" "steps=$steps" eval_every=5  # period 8 after 10 DDP steps
+  sweep diloco-p8 +parallel=diloco parallel.period=8 "${local[@]}"
+  sweep diloco-p8-int8 +parallel=diloco parallel.period=8 compression=int8 "${local[@]}"
+  python -m ringexp.compare "$out"/{ddp,accumulation,accumulation-scaled,local-*,diloco-*} --out "$out"
+  exit 0
+fi
 if [ "$mode" = two_phase ]; then
   sweep runs +parallel=ddp,ddp_sign,hierarchical_bytegrad seed=0,1,2 "steps=$steps" eval_every=5
   python -m ringexp.compare "$out/runs" --out "$out"

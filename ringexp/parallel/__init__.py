@@ -17,7 +17,7 @@ import dataclasses
 
 from ringexp import compress
 from ringexp.cluster import nccl
-from ringexp.config import AVERAGING, CompressionConfig, ParallelConfig, StrategyName
+from ringexp.config import AVERAGING, AVERAGING_KEYS, CompressionConfig, ParallelConfig, StrategyName
 from ringexp.errors import ConfigError
 from ringexp.parallel.base import Single, Strategy, World
 from ringexp.parallel.ddp import DDPStrategy
@@ -40,8 +40,7 @@ def check(cfg, world_size: int) -> None:
     that does not average."""
     p = cfg.parallel
     if p.strategy not in AVERAGING:
-        changed = [k for k in ("period", "warmup_steps", "fragments", "within_node", "outer_lr", "outer_momentum",
-                               "averaging") if getattr(p, k) != getattr(ParallelConfig, k)]
+        changed = [k for k in AVERAGING_KEYS if getattr(p, k) != getattr(ParallelConfig, k)]
         if changed:
             raise ConfigError(f"parallel.{changed[0]}={getattr(p, changed[0])} with parallel.strategy={p.strategy}: "
                               "only local_sgd and diloco synchronise models periodically; use +parallel=local_sgd "
