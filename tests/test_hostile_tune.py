@@ -31,6 +31,7 @@ from ringexp import records
 from ringexp.cluster import files as clusters
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
+from ringexp.predict import presets
 from ringexp.tune import budget, cli, space, trials
 from ringexp.tune.config import MAX_RUNS, TuneConfig
 from ringexp.tune.loop import Tune
@@ -213,7 +214,8 @@ ABSURD = [  # (arguments, what the one line says): each ran a tune whose budget 
     (["tune.trial_steps=10", "tune.eta=1024", "tune.rungs=11"], "the last rung's trials would run 1.27e+31 steps"),
     (["tune.budget_min=1e12"], "tune.budget_min=1000000000000.0: must be > 0 and at most a week"),
     (["tune.trial_timeout_s=inf"], "tune.trial_timeout_s=inf: must be > 0 seconds and at most a week"),
-    ([f"tune.knobs=['accumulation.steps={','.join(map(str, range(1, 2001)))}']"], "2000 knob values: 30015 candidates"),
+    ([f"tune.knobs=['accumulation.steps={','.join(map(str, range(1, 2001)))}']"],  # every shipped preset x 2001
+     f"2000 knob values: {len(presets()) * 2001} candidates"),
     ([f"tune.presets=[{','.join(['ddp'] * 2000)}]"], "2000 presets, 7 knob values: 16000 candidates"),
     (["tune.command=" + "x" * 200_000], "longer than 131072 characters"),
     (["tune.seed=-1"], "tune.seed=-1: must be in [0, 2^64)"),

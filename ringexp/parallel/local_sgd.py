@@ -14,6 +14,7 @@ optimizer (they differ between synchronisations) beside the global model.
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,10 @@ class LocalSGDStrategy(DDPStrategy):
     def evaluating(self, model):
         return self.averager.global_model()
 
+    def groups(self) -> list:
+        """DDP's (the synchronization's too) and, with within_node, this rank's node group."""
+        return super().groups() + ([self.local.subgroup] if self.local is not None else [])
+
     def save(self, path, model, opt) -> None:
         """model.pt: the global model (the anchors), from rank 0; local-rank<R>.pt: every rank's own weights and
         inner optimizer, which differ between synchronisations."""
@@ -88,6 +93,8 @@ class LocalSGDStrategy(DDPStrategy):
 
     @staticmethod
     def verify(path) -> str | None:
+        """model.pt and every rank's local-rank<R>.pt (meta.json, checked intact before, says how many ranks)."""
+        path = Path(path)
         ranks = records.read_json(path / "meta.json").get("world_size", 1) if (path / "meta.json").is_file() else 1
         missing = [n for n in ["model.pt", *(f"local-rank{r}.pt" for r in range(ranks))] if not (path / n).is_file()]
         return f"{missing[0]} is missing" if missing else None
