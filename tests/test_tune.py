@@ -85,6 +85,19 @@ def test_an_accumulation_candidate_scales_its_learning_rate_unless_the_user_set_
         assert (acc[0].cfg.optim.lr_rule, acc[0].cfg.optim.scale_lr) == (rule, scale), own
 
 
+def test_an_averaging_knob_is_tried_only_on_the_strategies_that_read_it():
+    """parallel.period and warm-up change local_sgd and diloco, the outer rate diloco alone; none is a candidate of
+    ddp (where a training run refuses it); diloco's own warm-up (none) is not a candidate again."""
+    knobs = space.knobs(["parallel.period=4", "parallel.warmup_steps=0", "parallel.outer_lr=0.5"])
+    cands, refused = space.candidates([*TASK, "steps=60"], ["ddp", "local_sgd", "diloco"], knobs, None, 2, "")
+    names = sorted(c.name for c in cands)
+    assert refused == [] and names == sorted(["ddp", "local_sgd", "diloco", "local_sgd parallel.period=4",
+                                              "local_sgd parallel.warmup_steps=0", "diloco parallel.period=4",
+                                              "diloco parallel.outer_lr=0.5"]), names
+    changed = {c.name: (c.cfg.parallel.period, c.cfg.parallel.warmup_steps, c.cfg.parallel.outer_lr) for c in cands}
+    assert changed["local_sgd parallel.warmup_steps=0"] == (8, 0, 0.7) and changed["diloco parallel.period=4"][0] == 4
+
+
 def test_the_planner_order_prunes_what_it_predicts_slower_and_random_order_prunes_nothing():
     cands, _ = space.candidates(TASK, ["ddp_fp16", "ring_int8", "fsdp"], {}, planner, 2, "")
     base = planner(space.preset_config("ddp", TASK, 2))["samples_s"]

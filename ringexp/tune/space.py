@@ -32,6 +32,7 @@ KNOBS = {
     "compression.ratio": "top-k / random-k: the fraction of elements sent",
     "amp.mode": "autocast: off, bf16 or fp16",
     "parallel.period": "local_sgd, diloco: steps between two synchronisations of the models",
+    "parallel.warmup_steps": "local_sgd, diloco: plain DDP steps before the first local one",
     "parallel.outer_lr": "diloco: the outer Nesterov step's learning rate",
     "parallel.fragments": "local_sgd, diloco: parts of the model synchronised at staggered steps",
 }
@@ -45,7 +46,8 @@ UNMODELLED = {"compression.start_step": lambda cfg: cfg.compression.name == "pow
               "amp.mode": lambda cfg: True,
               "parallel.outer_lr": lambda cfg: True, "parallel.fragments": lambda cfg: True}
 # Knobs only some strategies read; on the others they are not tried (not refusals: there is nothing to vary)
-READ_BY = {"parallel.period": AVERAGING, "parallel.fragments": AVERAGING, "parallel.outer_lr": ("diloco",)}
+READ_BY = {"parallel.period": AVERAGING, "parallel.warmup_steps": AVERAGING, "parallel.fragments": AVERAGING,
+           "parallel.outer_lr": ("diloco",)}
 
 
 @dataclass
