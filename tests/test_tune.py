@@ -288,6 +288,8 @@ def test_knobs_written_as_the_docs_write_them_are_the_tunes_and_never_a_training
     trials' overrides (it once did, and every trial's composition failed on it)."""
     own, train = cli.split(["tune.knobs=[accumulation.steps=4,compression.ratio=0.05]", "steps=3", "-c", "job"])
     assert own[0] == "tune.knobs=['accumulation.steps=4','compression.ratio=0.05']" and train == ["steps=3"], own
+    own, _ = cli.split(["tune.knobs=[parallel.period=4,16,parallel.warmup_steps=0]"])
+    assert own[0] == "tune.knobs=['parallel.period=4,16','parallel.warmup_steps=0']", own
 
 
 @pytest.mark.parametrize("extra,says", [

@@ -53,8 +53,9 @@ def split(args: list) -> tuple:
 
 
 def quoted_knobs(arg: str) -> str:
-    """tune.knobs=[accumulation.steps=2,compression.ratio=0.05] (each entry KEY=VALUE, as docs/tune.md writes it) as
-    Hydra's grammar takes it: each entry quoted ('=' inside a list is not Hydra's; a quoted list passes as it is)."""
+    """tune.knobs=[accumulation.steps=2,compression.ratio=0.05] (each entry KEY=VALUE[,VALUE...], as docs/tune.md
+    writes it) as Hydra's grammar takes it: each entry quoted ('=' inside a list is not Hydra's; a quoted list passes
+    as it is)."""
     value = arg.split("=", 1)[1]
     try:
         entries = OmegaConf.from_dotlist([f"knobs={value}"]).knobs
@@ -62,7 +63,13 @@ def quoted_knobs(arg: str) -> str:
         return arg  # (Hydra's own message follows)
     if not isinstance(entries, ListConfig) or any("'" in str(e) for e in entries):
         return arg
-    return "tune.knobs=[" + ",".join(f"'{e}'" for e in entries) + "]"
+    merged = []
+    for e in map(str, entries):  # [parallel.period=4,16,...]: 16 is the knob's second value, not an entry
+        if merged and "=" not in e:
+            merged[-1] += f",{e}"
+        else:
+            merged.append(e)
+    return "tune.knobs=[" + ",".join(f"'{e}'" for e in merged) + "]"
 
 
 def checked(cfg, train: list):
