@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ringexp.tune on the slow-link story (scripts/cluster_story.sh's task and link: 2 nodes x 2 ranks at 25 Mbit/s,
 # plain DDP 120 steps as the baseline), against an exhaustive sweep of the same search space.
-#   scripts/tune_story.sh [exhaustive] [planner] [random]     (default: all three; needs root)
+#   scripts/tune_story.sh [exhaustive] [planner] [random] [bound] [averaging]  (default: the first three; root)
 # exhaustive: every candidate of the space at full length once, seed 0, through Slurm. The story's own seed-0 runs
 #   (outputs/cluster-story: ddp, ddp_tuned, hierarchical, hierarchical_int8, ring_fp16, ddp_powersgd, fsdp, ddp_topk,
 #   ddp + accumulation x4) are its first part; this makes the rest in outputs/tune-story/exhaustive (about 40 min).
@@ -11,6 +11,10 @@
 # bound: the tune with its error bound (tune.error 5% over tune.verify=10 slots: each test at 0.5%) at the seeds
 #   that bound needs at the story's spread (7: docs/tune.md), evaluations every 8 steps (accumulation 4 then
 #   evaluates at the same samples), trials through torchrun on the nodes, into outputs/tune-story/bound (about 80 min).
+# averaging: the fewer-synchronizations space (issue 54; docs/results/averaging-story.md): local_sgd, diloco and
+#   hierarchical_int8 x parallel.period=4,16 and parallel.warmup_steps=0, the tune at its bound as above into
+#   outputs/tune-story/averaging, and the same space's exhaustive sweep at seed 0 (Slurm) into
+#   outputs/tune-story/averaging-exhaustive (about 60 min together).
 # Then python -m ringexp.tune.story writes outputs/tune-story/report.md (docs/results/tune-story.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,8 +23,8 @@ out="$root/outputs/tune-story"
 cluster="$root/scripts/cluster_local.sh"
 # optim.lr_rule=none: the recorded story's accumulation ran at the baseline's learning rate (it predates issue 54's
 # rule); without it the tune pairs accumulation with optim.lr_rule=auto and the exhaustive sweep's acc4 rows differ
-task=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.0 data.val_size=1024 logger=none
-      optim.lr_rule=none)
+base=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.0 data.val_size=1024 logger=none)
+task=("${base[@]}" optim.lr_rule=none)
 slurm=(hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 hydra.launcher.array_parallelism=1)
 presets="ddp,ddp_fp16,ddp_tuned,hierarchical,hierarchical_int8,ring_fp16,ring_int8,ddp_powersgd,ddp_topk,fsdp"
 knobs="accumulation.steps=4,compression.ratio=0.05,compression.rank=2,compression.start_step=10"
@@ -61,4 +65,23 @@ if [[ " ${parts[*]} " == *" bound "* ]]; then
     "tune.knobs=[$knobs]" tune.budget_min=150 tune.seeds=7 tune.verify=10 tune.trial_steps=20 tune.rungs=1 \
     "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/bound"
 fi
+if [[ " ${parts[*]} " == *" averaging "* ]]; then  # (the rule as the tune pairs it)
+  space=("tune.presets=[local_sgd,diloco,hierarchical_int8]" "tune.knobs=[parallel.period=4,16,parallel.warmup_steps=0]")
+  python -m ringexp.tune "${base[@]}" +parallel=ddp steps=120 eval_every=8 "${space[@]}" \
+    tune.budget_min=90 tune.seeds=7 tune.verify=10 tune.trial_steps=20 tune.rungs=1 \
+    "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/averaging"
+  exhaustive=(
+    "+parallel=ddp,local_sgd,diloco,hierarchical_int8"
+    "+parallel=local_sgd parallel.period=4,16"
+    "+parallel=diloco parallel.period=4"
+    "+parallel=local_sgd parallel.warmup_steps=0"
+  )
+  for i in "${!exhaustive[@]}"; do  # every candidate once (diloco's period 16 is its preset)
+    read -ra over <<< "${exhaustive[$i]}"
+    python -m ringexp.train -m "${slurm[@]}" "${base[@]}" "${over[@]}" steps=120 eval_every=8 \
+      "hydra.sweep.dir=$out/averaging-exhaustive/$i" >/dev/null
+  done
+  python -m ringexp.compare "$out"/averaging-exhaustive/[0-9]* --out "$out/averaging-exhaustive"
+fi
+[[ " ${parts[*]} " == " averaging " ]] && exit 0
 python -m ringexp.tune.story "$out"  # the exhaustive sweep as recorded: docs/results/tune-story-sweep.json
