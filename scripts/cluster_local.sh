@@ -126,9 +126,13 @@ slurm_up() {  # slurmctld in the root namespace on the bridge address, one slurm
   # shellcheck disable=SC2016  # the prolog's own $... are written as they are, for the prolog to expand
   { printf '#!/bin/sh\necho export GLOO_SOCKET_IFNAME=eth0\necho export RINGEXP_CLUSTER_LINK=%s\n' "$rate"
     echo 'echo export RINGEXP_CLUSTER_NODE=${SLURMD_NODENAME#ringexp-node}'
-    # every node is this one machine: a thread each for the step's tasks on all nodes (as torchrun_all below)
-    echo 'n=$(( $(getconf _NPROCESSORS_ONLN) / ${SLURM_STEP_NUM_TASKS:-1} ))'
-    echo '[ -n "$OMP_NUM_THREADS" ] || echo export OMP_NUM_THREADS=$(( n > 1 ? n : 1 ))'; } >"$s/task_prolog.sh"
+    # every node is this one machine: a thread each for the step's tasks on all nodes (as torchrun_all below). A
+    # job's srun inherits what this prolog set for its batch step (one task: every core), so a value this prolog
+    # set is set again for each step; a user's own OMP_NUM_THREADS is kept. (Two threads per rank over the story's
+    # four ranks made a local step of the CNN 5x slower; DDP, waiting on the link, hid it.)
+    echo 'n=$(( $(getconf _NPROCESSORS_ONLN) / ${SLURM_STEP_NUM_TASKS:-1} )); n=$(( n > 1 ? n : 1 ))'
+    echo 'if [ -z "$OMP_NUM_THREADS" ] || [ "$OMP_NUM_THREADS" = "$RINGEXP_PROLOG_THREADS" ]; then'
+    echo '  echo export OMP_NUM_THREADS=$n; echo export RINGEXP_PROLOG_THREADS=$n; fi'; } >"$s/task_prolog.sh"
   chmod +x "$s/task_prolog.sh"
   { slurm_conf "$s" "$(hostname -s)(198.18.0.1)"
     echo "TaskProlog=$s/task_prolog.sh"

@@ -7,7 +7,7 @@
 #   scripts/cluster_story.sh averaging  (fewer synchronizations, docs/results/averaging-story.md: ddp, local SGD and
 #                                        DiLoCo at several periods with and without a compressed outer gradient,
 #                                        accumulation x4 with and without optim.lr_rule=auto, each at seeds 0-2,
-#                                        and compare, into outputs/cluster-story-averaging; about 45 minutes)
+#                                        and compare, into outputs/cluster-story-averaging; about 55 minutes)
 #   scripts/cluster_story.sh two_phase  (the compressed all-reduce that scales, docs/results/compression-scaling.md:
 #                                        ddp, ddp_sign and hierarchical_bytegrad at seeds 0-2 and compare, into
 #                                        outputs/cluster-story-two-phase; about 30 minutes)
@@ -53,11 +53,12 @@ if [ "$mode" = averaging ]; then
   local=(parallel.warmup_steps=0 "$seeds" "steps=$steps" eval_every=5)
   sweep local-p4 +parallel=local_sgd parallel.period=4 "${local[@]}"
   sweep local-p4-int8 +parallel=local_sgd parallel.period=4 compression=int8 "${local[@]}"
-  sweep local-p8-fp16 +parallel=local_sgd parallel.period=8 compression=fp16 "${local[@]}"
+  # the rate scaled to one rank's batch (sqrt for AdamW: half), as a tune pairing period with the rule would run it
+  sweep local-p4-int8-rule +parallel=local_sgd parallel.period=4 compression=int8 optim.lr_rule=auto "${local[@]}"
+  sweep local-p4-sign +parallel=local_sgd parallel.period=4 compression=sign "${local[@]}"  # two phases, EF
   sweep local-p8-int8 +parallel=local_sgd parallel.period=8 compression=int8 "${local[@]}"
   sweep local-p16 +parallel=local_sgd parallel.period=16 "${local[@]}"
   sweep local-p8-node +parallel=local_sgd parallel.period=8 parallel.within_node=true "${local[@]}"  # per node
-  sweep local-preset +parallel=local_sgd "$seeds" "steps=$steps" eval_every=5  # period 8 after 10 DDP steps
   sweep diloco-p8 +parallel=diloco parallel.period=8 "${local[@]}"
   sweep diloco-p8-int8 +parallel=diloco parallel.period=8 compression=int8 "${local[@]}"
   python -m ringexp.compare "$out"/{ddp,accumulation,accumulation-scaled,local-*,diloco-*} --out "$out"
