@@ -122,8 +122,8 @@ class Recorder:
         # spread over its steps instead (timing.CommTimer.keep)
         mine, spread = comm["after_s"], self.comm_timer.taken_between() / steps
         comm |= {"comm_s": comm["comm_s"] - mine + spread, "after_s": spread}
-        split = timing.breakdown(own - mine + spread, data_s, self.clock.since(t0, t1),
-                                 self.clock.since(t1, t2) - mine, comm)
+        own += spread - mine  # (the step's time as its parts count it: what they are a share of)
+        split = timing.breakdown(own, data_s, self.clock.since(t0, t1), self.clock.since(t1, t2) - mine, comm)
         self.intervals.append({"first": first, "last": step, "step_s": step_s, "own": own, "parts": split})
         return {"train/loss": loss_sum / n, "train/lr": lr, "train/data_wait_s": wait_sum / n,
                 "train/peak_memory_bytes": peak_memory_bytes(self.env.device), "comm/wire_bytes_per_rank": self.wire,

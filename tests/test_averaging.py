@@ -257,5 +257,8 @@ def test_a_run_records_its_synchronizations_and_times_them_as_exposed_communicat
     assert s["synchronizations"] | {"bytes_per_sync": one} == s["synchronizations"]
     assert s["synchronizations"]["count"] == 4 and s["wire_bytes_per_rank_per_step"] == one // 3, s
     rows = {row["step"]: row for row in records.read_rows(run)}
-    for step in (5, 10):
+    for step in (5, 10):  # (the step's time holds its share of them: the parts add up to it, the share is < 100%)
         assert rows[step]["time/exposed_comm_s"] > 0 and rows[step]["time/comm_s"] > 0, rows[step]
+        parts = sum(rows[step][f"time/{k}"] for k in ("data_s", "compute_s", "exposed_comm_s", "optimizer_s"))
+        assert rows[step]["time/exposed_comm_s"] < rows[step]["time/step_s"] == pytest.approx(
+            parts + rows[step]["time/other_s"]) and rows[step]["time/other_s"] > -1e-6, rows[step]
