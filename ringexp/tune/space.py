@@ -40,6 +40,8 @@ KNOBS = {
 # updates of the same length over the same samples, so it looked worse wherever it was tried (every accumulation
 # candidate of the tune story: about -0.03 AUROC); with the rule it makes longer ones (docs/configuration.md's
 # "Fair large batch"). Training overrides naming the pair's key, or optim.scale_lr, keep the user's choice.
+# parallel.period is not paired: the rule halves local SGD's AdamW rate at 4 ranks, which was worse on the
+# slow-link story in each of 3 paired seeds (docs/averaging.md "Learning rate").
 PAIRED = {"accumulation.steps": ["optim.lr_rule=auto"]}
 SET_BY_TUNE = ("name", "seed", "steps", "eval_every", "resume", "logger")
 UNMODELLED = {"compression.start_step": lambda cfg: cfg.compression.name == "powersgd",
