@@ -75,6 +75,17 @@ def slowest_hop(cl, nbytes: float) -> float:
     return max(hop(cl.intra, nbytes) if cl.ranks_per_node > 1 else 0.0, hop(cl.inter, nbytes) if cl.nodes > 1 else 0.0)
 
 
+def all_to_all_s(cl, nbytes: float) -> float:
+    """Every rank sends one message of `nbytes` to every other, all posted at once (ranks numbered node by node). A
+    node's link carries its k ranks' messages to the p - k ranks elsewhere, k(p - k) in turn, not p - 1: two ranks
+    per node double the int8 pseudo-gradient's bytes on the link (an int8 two-phase all-reduce of 2.6 MB on the
+    local 2 x 2 cluster at 25 Mbit/s took 0.64 s, about 0.37 s at p - 1; docs/results/averaging-story.md); a
+    rank's own p - 1 messages inside its node leave in turn too. The phase lasts as long as the busier."""
+    k, p = cl.ranks_per_node, ranks(cl)
+    return max(k * (p - k) * hop(cl.inter, nbytes) if cl.nodes > 1 else 0.0,
+               (p - 1) * hop(cl.intra, nbytes) if k > 1 else 0.0)
+
+
 def together(cl, wire_s: float, compute_s: float, segments: int = 1) -> float:
     """Communication and the arithmetic pipelined with it over `segments` pieces: the slower of the two, plus
     the other for one piece while the pipeline fills [pipeline fill, as in T's segmented algorithms]. NCCL

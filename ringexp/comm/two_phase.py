@@ -98,15 +98,15 @@ def wire_bytes(chunk_bytes: list) -> int:
     return max(total - b + (n - 1) * b for b in chunk_bytes) if n > 1 else 0
 
 
-def seconds(cl, coded: float, members: int, step, wire: costmodel.Wire, through: float | None = None) -> float:
+def seconds(cl, coded: float, members: int, phase, wire: costmodel.Wire, through: float | None = None) -> float:
     """Predicted seconds of one two-phase all-reduce over `members` ranks of `coded` float32 bytes per rank, each
-    message in `wire`'s format: two exchanges of (members - 1) chunk payloads, each paced by `step(bytes)` (a hop
-    of the link they cross; `through`: the float32 bytes whose payloads cross each link at once, default `coded`:
-    hierarchical's inter-node stages of all local ranks share their node's link), and the codec on one rank: every
-    chunk encoded and the owner's p chunks decoded and added, its sum encoded, every chunk decoded. The phases
-    wait for each other, so the codec and the wire add up."""
+    message in `wire`'s format: two exchanges, each lasting `phase(bytes)` when every rank sends one chunk payload
+    of that many bytes to each other member at once (costmodel.all_to_all_s; `through`: the float32 bytes whose
+    payloads cross each link at once, default `coded`: hierarchical's inter-node stages of all local ranks share
+    their node's link), and the codec on one rank: every chunk encoded and the owner's p chunks decoded and added,
+    its sum encoded, every chunk decoded. The phases wait for each other, so the codec and the wire add up."""
     if members <= 1:
         return 0.0
     chunk = wire.ratio * (coded if through is None else through) / members
     codec = coded * (wire.encode + wire.decode) + coded / members * wire.encode + coded * wire.decode
-    return 2 * (members - 1) * step(chunk) + codec
+    return 2 * phase(chunk) + codec

@@ -350,7 +350,7 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
     if way == "two_phase" and algorithm == "hierarchical" and c.scope == "inter_node":
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": "inter_node", "phases": True})
     if way == "two_phase":
-        return two_phase.seconds(cl, n, costmodel.ranks(cl), lambda b: costmodel.slowest_hop(cl, b), wire) + cl.call_s
+        return two_phase.seconds(cl, n, costmodel.ranks(cl), partial(costmodel.all_to_all_s, cl), wire) + cl.call_s
     if way == "wire":
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": c.scope})
     if way == "sum":
