@@ -11,10 +11,11 @@
 # bound: the tune with its error bound (tune.error 5% over tune.verify=10 slots: each test at 0.5%) at the seeds
 #   that bound needs at the story's spread (7: docs/tune.md), evaluations every 8 steps (accumulation 4 then
 #   evaluates at the same samples), trials through torchrun on the nodes, into outputs/tune-story/bound (about 80 min).
-# averaging: the fewer-synchronizations space (issue 54; docs/results/averaging-story.md): local_sgd, diloco and
-#   hierarchical_int8 x parallel.period=4,16 and parallel.warmup_steps=0, the tune at its bound as above into
-#   outputs/tune-story/averaging, and the same space's exhaustive sweep at seed 0 (Slurm) into
-#   outputs/tune-story/averaging-exhaustive (about 60 min together).
+# averaging: the fewer-synchronizations space (issue 54; docs/results/averaging-story.md): local_sgd, local_sgd_int8,
+#   local_sgd_sign, diloco and hierarchical_int8 x parallel.period=4,16 and parallel.warmup_steps=0,10, the tune at
+#   its bound as above into outputs/tune-story/averaging, and the same space's exhaustive sweep at seed 0 (Slurm)
+#   into outputs/tune-story/averaging-exhaustive (about 60 min together). Trials of 30 steps: the longest warm-up
+#   and period (10 + 16) fit in one.
 # Then python -m ringexp.tune.story writes outputs/tune-story/report.md (docs/results/tune-story.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,15 +67,18 @@ if [[ " ${parts[*]} " == *" bound "* ]]; then
     "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/bound"
 fi
 if [[ " ${parts[*]} " == *" averaging "* ]]; then  # (the rule as the tune pairs it)
-  space=("tune.presets=[local_sgd,diloco,hierarchical_int8]" "tune.knobs=[parallel.period=4,16,parallel.warmup_steps=0]")
+  space=("tune.presets=[local_sgd,local_sgd_int8,local_sgd_sign,diloco,hierarchical_int8]"
+         "tune.knobs=[parallel.period=4,16,parallel.warmup_steps=0,10]")
   python -m ringexp.tune "${base[@]}" +parallel=ddp steps=120 eval_every=8 "${space[@]}" \
-    tune.budget_min=90 tune.seeds=7 tune.verify=10 tune.trial_steps=20 tune.rungs=1 \
+    tune.budget_min=90 tune.seeds=7 tune.verify=10 tune.trial_steps=30 tune.rungs=1 \
     "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/averaging"
-  exhaustive=(
-    "+parallel=ddp,local_sgd,diloco,hierarchical_int8"
-    "+parallel=local_sgd parallel.period=4,16"
+  exhaustive=(  # every candidate once (a knob's value that is a preset's own is that preset)
+    "+parallel=ddp,local_sgd,local_sgd_int8,local_sgd_sign,diloco,hierarchical_int8"
+    "+parallel=local_sgd,local_sgd_int8 parallel.period=4,16"
+    "+parallel=local_sgd_sign parallel.period=16"
     "+parallel=diloco parallel.period=4"
     "+parallel=local_sgd parallel.warmup_steps=0"
+    "+parallel=local_sgd_int8,local_sgd_sign,diloco parallel.warmup_steps=10"
   )
   for i in "${!exhaustive[@]}"; do  # every candidate once (diloco's period 16 is its preset)
     read -ra over <<< "${exhaustive[$i]}"
