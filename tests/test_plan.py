@@ -22,6 +22,7 @@ from ringexp import dist as rdist
 from ringexp.cluster import costmodel
 from ringexp.cluster import files as clusters
 from ringexp.cluster.schema import ClusterConfig, LinkConfig
+from ringexp.compare import table as compare_table
 from ringexp.config import CONF_DIR, CompressionConfig, TrainConfig
 from ringexp.models import build_model
 from ringexp.parallel.ddp import bucket_shapes
@@ -248,6 +249,37 @@ def test_compare_puts_predictions_beside_runs_on_a_calibrated_cluster(tmp_path):
     assert compare_main([str(run), "--cluster", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "c2")]) == 2
     assert not (tmp_path / "c2").exists()
 
+
+
+
+def test_an_averaging_run_s_step_error_is_against_its_whole_run(tmp_path):
+    """Local SGD at period 16 logs intervals of 5 steps, most without a synchronization: its step error compares
+    the model's whole-run step (synchronizations spread over the steps, the DDP warm-up at DDP's cost) with its
+    whole-run step (global batch over whole-run samples/s), not with that median; a DDP run keeps its median."""
+    cl = ClusterConfig(name="test_plan_avg", nodes=2, ranks_per_node=2, link="test-plan-avg",
+                       intra=LinkConfig(1e-5, 1e-9), inter=LinkConfig(1e-4, 1e-7), add_s_per_byte=1e-10)
+    cluster = tmp_path / "test_plan_avg.yaml"
+    cluster.write_text(OmegaConf.to_yaml(OmegaConf.structured(cl)))
+    known = compare_table.calibrations([str(cluster)])
+    time = {"step_s": 0.03, "compute_s": 0.02, "optimizer_s": 0.001, "data_s": 0.001, "other_s": 0.0}
+    got = {}
+    for name, overrides in [("ddp", ["+parallel=ddp"]),
+                            ("local", ["+parallel=local_sgd", "parallel.period=16", "parallel.warmup_steps=4"])]:
+        run = tmp_path / name
+        run.mkdir()
+        cfg = compose_config([*overrides, "steps=120", "model.width=8"])
+        (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        summary = {"nodes": 2, "ranks_per_node": 2, "link": "test-plan-avg", "global_batch_size": 32,
+                   "throughput": {"median": 900.0, "whole_run": 400.0}, "time": time}
+        if name == "local":
+            summary["synchronizations"] = {"period": 16, "warmup_steps": 4, "count": 7}
+        got[name] = (compare_table.predicted({"summary": summary, "dir": str(run)}, known), cfg)
+    (ddp, _), (local, cfg) = got["ddp"], got["local"]
+    compute = predict.of_run(0.02, 0.001, 1)
+    whole = predict.over_steps("", cfg, cl, predict.gradient_shapes(cfg), compute, False, 1, 120)["step_s"] + 0.001
+    assert local["predicted step ms"] == pytest.approx(1e3 * whole)
+    assert local["step error"] == pytest.approx(whole / (32 / 400.0) - 1)
+    assert ddp["step error"] == pytest.approx(ddp["predicted step ms"] / 1e3 / 0.03 - 1)
 
 
 def test_accuracy_sets_each_bench_row_beside_the_model_for_its_algorithm_and_compressor(tmp_path, monkeypatch, capsys):

@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY, start_module, train_command
 from hydra import compose, initialize_config_dir
 
-from ringexp import conffiles, parallel
+from ringexp import conffiles, parallel, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
@@ -212,6 +212,29 @@ def start_tune(args):
 
 def lines(path):
     return path.read_text().splitlines() if path.exists() else []
+
+
+
+def test_an_averaging_trial_is_its_whole_run_with_its_warm_up_at_its_full_run_share(tmp_path):
+    """Local SGD at period 16 logs most intervals without a synchronization: a trial's samples/s is its whole run
+    (records.run_rate), not that median (the first averaging tune ranked period 16 by 1,400 samples/s where it ran
+    at about 500); a warm-up of 10 DDP steps, a third of a 30-step trial, is ranked at its share of the 120-step
+    run (the planner's DDP and local steps), not three times as heavy."""
+    summary = {"throughput": {"median": 1400.0, "whole_run": 500.0}, "step_time_s": {"median": 0.023},
+               "global_batch_size": 32, "synchronizations": {"period": 16}}
+    assert records.run_rate(summary) == (500.0, 32 / 500.0)
+    assert records.run_rate({**summary, "synchronizations": None}) == (1400.0, 0.023)
+    t = bare_tune(tmp_path, "steps=120", "eval_every=8", trial_steps=30)
+    t.cluster, t.compute = CLUSTER, COMPUTE
+    t.shapes = [p.shape for p in build_model(t.base.model, t.base.data.num_labels).parameters()]
+    cfg = space.preset_config("local_sgd", [*TASK, "steps=120"], 2)  # 10 DDP steps first
+    c = space.Candidate("local_sgd", ["+parallel=local_sgd"], cfg)
+    ddp, local = planner(parallel.first_steady(cfg)[1])["step_s"], planner(cfg)["step_s"]
+    want = 100.0 * (10 * ddp + 20 * local) / 30 / ((10 * ddp + 110 * local) / 120)
+    rec = {"samples_s": 100.0, "step_s": 0.32, "steps": 30}
+    assert ddp > local and want > 100.0 and t.ranking_speed(c, rec) == pytest.approx(want)
+    none = space.preset_config("local_sgd", [*TASK, "steps=120", "parallel.warmup_steps=0"], 2)
+    assert t.ranking_speed(space.Candidate("w0", [], none), rec) == pytest.approx(100.0)
 
 
 @pytest.mark.slow

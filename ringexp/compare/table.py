@@ -106,15 +106,19 @@ def predicted(run: dict, known: dict) -> dict:
     cfg_file = Path(run["dir"]) / "config.yaml"
     if cl is None or not os.path.lexists(cfg_file) or t.get("compute_s") is None:
         return {}
+    whole = records.run_rate(s)[1] if s.get("synchronizations") else None  # (its whole run)
     try:
         cfg = records.load_yaml(TrainConfig, cfg_file, YAML_LIMIT)
         compute = predict.of_run(t["compute_s"], t.get("optimizer_s"), cfg.accumulation.steps)
-        got = predict.row("", cfg, cl, predict.gradient_shapes(cfg), compute, here=cl.backend == "gloo")
+        args = ("", cfg, cl, predict.gradient_shapes(cfg), compute, cl.backend == "gloo")
+        got = predict.over_steps(*args, 1, cfg.steps) if whole else predict.row(*args)
     except (OmegaConfBaseException, ConfigError, ValueError, OSError):
         return {}
     step = got["step_s"] + (t.get("data_s") or 0.0) + (t.get("other_s") or 0.0)
+    measured = whole or t.get("step_s")
     return {"predicted comm ms": 1e3 * got["comm_s"], "predicted step ms": 1e3 * step,
-            "step error": step / t["step_s"] - 1 if t.get("step_s") else None}
+            "step error": step / measured - 1 if measured else None}
+
 
 
 def _ms(seconds):

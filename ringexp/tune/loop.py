@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ringexp import compress, predict, records
 from ringexp.cluster import files as clusters
+from ringexp.config import AVERAGING
 from ringexp.errors import ConfigError, one_line, print_warning
 from ringexp.models import build_model
 from ringexp.tune import budget, space, trials, verify
@@ -85,11 +86,16 @@ class Tune:
     def ranking_speed(self, c, rec: dict) -> float:
         """A trial's samples/s as its full-length run would have them: measured, or, for a trial that compressed
         from an earlier step than the candidate does, its measured (compressed) step for the compressed share of the
-        full run and that step times the planner's uncompressed/compressed ratio for the rest."""
-        if not rec.get("start_step"):
+        full run and that step times the planner's uncompressed/compressed ratio for the rest; for an averaging
+        (measured over the whole trial), its DDP warm-up's share of the trial made its share of the full run."""
+        averaging = c.cfg.parallel.strategy in AVERAGING
+        if not averaging and not rec.get("start_step"):
             return rec["samples_s"]
         steps, _ = self.full_steps(c)
         args = (c.cfg, self.cluster, self.shapes, self.compute, False)
+        if averaging:  # (a warm-up of 10 steps is a third of a 30-step trial)
+            trial, full = (predict.over_steps("", *args, 1, n)["step_s"] for n in (rec["steps"], steps))
+            return rec["samples_s"] * trial / full
         compressed, whole = predict.row("", *args)["step_s"], predict.over_steps("", *args, 1, steps)["step_s"]
         return rec["samples_s"] * compressed / whole
 

@@ -143,11 +143,10 @@ def outcome(code: int, start: float, run_dir: Path, log: Path) -> dict:
     except (OSError, ValueError):
         summary = None
     if code == 0 and summary and summary.get("status") == "completed":
-        t = summary["throughput"]
+        t, (rate, step) = summary["throughput"], records.run_rate(summary)
         return ended(start, run_dir, "completed", "") | {
-            "samples_s": t["median"], "samples_s_p10": t["p10"], "samples_s_p90": t["p90"],
-            "step_s": summary["step_time_s"]["median"] if isinstance(summary.get("step_time_s"), dict)
-            else summary.get("step_time_s"), "run_wall_s": summary.get("wall_time_s"),
+            "samples_s": rate, "samples_s_p10": t["p10"], "samples_s_p90": t["p90"], "step_s": step,
+            "run_wall_s": summary.get("wall_time_s"),
             "auroc": summary["final"]["auroc_macro"], "lr_rule": summary.get("lr_rule")}
     said = (summary or {}).get("error") or last_line(log)
     if code == 2:
