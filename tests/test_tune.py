@@ -18,7 +18,7 @@ from ringexp import conffiles, parallel, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
-from ringexp.tune import cli, space
+from ringexp.tune import cli, space, trials
 from ringexp.tune.config import TuneConfig
 from ringexp.tune.loop import Tune
 from ringexp.tune.refit import refit, scaled
@@ -235,6 +235,26 @@ def test_an_averaging_trial_is_its_whole_run_with_its_warm_up_at_its_full_run_sh
     assert ddp > local and want > 100.0 and t.ranking_speed(c, rec) == pytest.approx(want)
     none = space.preset_config("local_sgd", [*TASK, "steps=120", "parallel.warmup_steps=0"], 2)
     assert t.ranking_speed(space.Candidate("w0", [], none), rec) == pytest.approx(100.0)
+
+
+
+def test_a_run_that_aborts_after_its_summary_is_completed_and_one_that_never_wrote_it_crashed(tmp_path):
+    """torch 2.14.1's gloo aborts a process at exit now and then ("terminate called without an active exception"),
+    after rank 0 wrote the completed summary: the trial's numbers stand, its exit code is said; without that
+    summary the same exit code is a crash."""
+    run = tmp_path / "run"
+    run.mkdir()
+    log = tmp_path / "trial.log"
+    log.write_text("terminate called without an active exception\n")
+    summary = {"status": "completed", "throughput": {"median": 20.0, "p10": 19.0, "p90": 21.0, "whole_run": 19.5},
+               "step_time_s": {"median": 1.6}, "global_batch_size": 32, "final": {"auroc_macro": 0.97}}
+    records.write_summary(run, summary)
+    done = trials.outcome(-6, time.monotonic(), run, log)
+    assert (done["status"], done["samples_s"], done["auroc"]) == ("completed", 20.0, 0.97)
+    assert "exit code -6" in done["reason"]
+    assert trials.outcome(0, time.monotonic(), run, log)["reason"] == ""
+    records.write_summary(run, {**summary, "status": "running"})
+    assert trials.outcome(-6, time.monotonic(), run, log)["status"] == "crashed"
 
 
 @pytest.mark.slow
