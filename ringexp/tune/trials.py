@@ -140,7 +140,8 @@ def outcome(code: int, start: float, run_dir: Path, log: Path) -> dict:
     """The record of a trial that exited with `code`. A run whose summary says it completed counts as completed
     whatever its exit code: rank 0 writes that summary last, after the final evaluation, and torch 2.14.1's gloo
     can abort a process as it exits after that ("terminate called without an active exception", about 1 run in
-    8, a plain torch loop too), which took 2 of the averaging tune's 33 full-length runs; the code is recorded."""
+    8, a plain torch loop too), which took 2 of the averaging tune's 47 full-length runs (its baseline and 46
+    verification runs); the code is recorded."""
     try:
         summary = records.read_summary(run_dir)
     except (OSError, ValueError):
