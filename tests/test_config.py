@@ -47,11 +47,12 @@ def test_every_parallel_preset_overlays_the_default(preset):
 @pytest.mark.parametrize("preset,strategy,compressor", [
     ("ring_fp16", "ring", "fp16"), ("ring_int8", "ring", "int8"), ("ddp_fp16", "ddp", "fp16"),
     ("ddp_powersgd", "ddp", "powersgd"), ("ddp_topk", "ddp", "topk"), ("hierarchical_int8", "hierarchical", "int8"),
-    ("local_sgd_int8", "local_sgd", "int8"), ("local_sgd_sign", "local_sgd", "sign")])
+    ("local_sgd_int8", "local_sgd", "int8"), ("local_sgd_sign", "local_sgd", "sign"),
+    ("local_sgd_hierarchical_int8", "local_sgd", "int8")])
 def test_compression_presets_set_strategy_and_compressor_and_the_command_line_wins(preset, strategy, compressor):
     cfg = composed([f"+parallel={preset}"])
     assert (cfg.parallel.strategy, cfg.compression.name) == (strategy, compressor)
-    assert (cfg.compression.scope == "inter_node") == (preset == "hierarchical_int8")
+    assert (cfg.compression.scope == "inter_node") == preset.endswith("hierarchical_int8")
     later = "bf16" if compressor != "bf16" else "fp16"
     assert composed([f"+parallel={preset}", f"compression={later}"]).compression.name == later
     assert composed([f"+parallel={preset}", "compression=none"]).compression.name == "none"
