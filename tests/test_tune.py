@@ -233,6 +233,8 @@ def test_an_averaging_trial_is_its_whole_run_with_its_warm_up_at_its_full_run_sh
     want = 100.0 * (10 * ddp + 20 * local) / 30 / ((10 * ddp + 110 * local) / 120)
     rec = {"samples_s": 100.0, "step_s": 0.32, "steps": 30}
     assert ddp > local and want > 100.0 and t.ranking_speed(c, rec) == pytest.approx(want)
+    t.cands = [c]  # the refit's prediction of that trial: its whole run, warm-up included, as it was measured
+    assert t.at_trial({**rec, "candidate": c.name}) == pytest.approx((10 * ddp + 20 * local) / 30)
     none = space.preset_config("local_sgd", [*TASK, "steps=120", "parallel.warmup_steps=0"], 2)
     assert t.ranking_speed(space.Candidate("w0", [], none), rec) == pytest.approx(100.0)
 
