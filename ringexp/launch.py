@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 import torch.distributed as dist
@@ -47,9 +48,28 @@ def adopt_srun_task() -> None:
     job id). For the tools (plan calibrate, bench); training on Slurm goes through hydra/launcher=slurm."""
     if under_external_launcher() or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) < 2:
         return
-    from submitit.helpers import TorchDistributedEnvironment
-
     os.environ["SUBMITIT_EXECUTOR"] = "slurm"  # submitit reads Slurm's variables only inside its own jobs
+    export_slurm_rank()
+
+
+EPHEMERAL = 32768  # where Linux's default ephemeral ports begin (net.ipv4.ip_local_port_range: 32768 60999)
+PORTS = 20000  # the lowest port a job's rendezvous takes (submitit's own lower bound)
+
+
+def job_port(job_id: str) -> int:
+    """The rendezvous port of Slurm job `job_id`, the same in every task of it, below the ephemeral ports: submitit
+    draws one in 20000-60000 from the job id, mostly among the ports the kernel hands to outgoing connections (srun's
+    and slurmstepd's own among them), and a fresh Slurm's job 1 always gets 51342, which the clean-clone suite of
+    2026-12-06 found in use on the first node (EADDRINUSE). Deterministic: every task derives the same one."""
+    return PORTS + zlib.crc32(job_id.encode()) % (EPHEMERAL - PORTS)
+
+
+def export_slurm_rank() -> None:
+    """In a Slurm task, torch's rank variables from Slurm's (submitit's helper), the port job_port's unless the
+    environment gives one."""
+    from submitit.helpers import TorchDistributedEnvironment  # only inside a Slurm task (an optional extra)
+
+    os.environ.setdefault("MASTER_PORT", str(job_port(os.environ.get("SLURM_JOB_ID", "0"))))
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
@@ -124,11 +144,9 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
 def launch(cfg, run_dir: Path, meta: dict):
     """Run the job for `cfg` (a checked TrainConfig); returns rank 0's summary."""
     if slurm_task():
-        from submitit.helpers import TorchDistributedEnvironment  # only inside a Slurm task (an optional extra)
-
         # One rank per Slurm task: rank, world size and master address from the job's environment (on any
         # number of nodes). CUDA_VISIBLE_DEVICES stays as Slurm set it: ringexp picks the GPU by LOCAL_RANK.
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        export_slurm_rank()
         return run_worker(cfg, str(run_dir), meta)
     if under_external_launcher():
         return run_worker(cfg, str(run_dir), meta)

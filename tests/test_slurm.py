@@ -88,3 +88,13 @@ def test_a_preempted_slurm_job_requeues_and_resumes_from_its_checkpoint(tmp_path
     assert s["status"] == "completed" and s["resumed_from"]["step"] >= 5, s.get("resumed_from")
     assert [row["step"] for row in read_rows(run_dir)] == list(range(1, 41)), "every step exactly once"
     assert "requeue" in (sweep / ".submitit" / job / f"{job}_0_log.err").read_text().lower()
+
+
+def test_a_jobs_rendezvous_port_lies_below_the_ephemeral_ports():
+    """submitit draws the port from the job id in 20000-60000, where the kernel also hands out the ports of outgoing
+    connections: a fresh Slurm's job 1 always got 51342, found in use on a node (EADDRINUSE). ringexp's port is the
+    same for every task of a job and below 32768 (the sweeps above rendezvous on it through real Slurm tasks)."""
+    from ringexp.launch import job_port
+    ports = [job_port(str(j)) for j in range(1, 2001)]
+    assert all(20000 <= p < 32768 for p in ports) and job_port("1") != 51342
+    assert ports == [job_port(str(j)) for j in range(1, 2001)] and len(set(ports)) > 1800
