@@ -24,6 +24,7 @@ from ringexp.cluster import files as clusters
 from ringexp.cluster.schema import ClusterConfig, LinkConfig
 from ringexp.compare import table as compare_table
 from ringexp.config import CONF_DIR, CompressionConfig, TrainConfig
+from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.parallel.ddp import bucket_shapes
 from ringexp.plan.cli import main
@@ -87,6 +88,27 @@ def test_a_flat_two_phase_exchange_sends_each_node_s_off_node_messages_through_i
     assert compress.route(c, "builtin", p) == "two_phase"
     got = compress.seconds(cl, c, "builtin", (torch.Size([numel]),))
     assert got == pytest.approx(2 * in_turn + cl.call_s, rel=1e-12)
+
+
+def test_an_all_to_all_runs_at_its_link_s_own_share_where_it_has_one():
+    """A shaped TCP link's all-to-all (4 flows at once per node on the story's cluster) reaches less of the rate
+    than a ring: a level's `all_to_all_efficiency` prices the two phases' messages (flat, and between nodes in the
+    hierarchical form) and nothing else; without it, the level's efficiency."""
+    slow = dataclasses.replace(CL.inter, efficiency=0.86, all_to_all_efficiency=0.43)
+    cl = dataclasses.replace(CL, nodes=2, ranks_per_node=2, inter=slow)
+    same = dataclasses.replace(cl, inter=dataclasses.replace(slow, all_to_all_efficiency=None))
+    assert costmodel.crossing(slow, 1e6) == pytest.approx(slow.alpha_s + 1e6 * slow.beta_s_per_byte / 0.43)
+    assert costmodel.crossing(same.inter, 1e6) == pytest.approx(costmodel.hop(same.inter, 1e6))
+    assert costmodel.all_to_all_s(cl, 1e6) == pytest.approx(4 * costmodel.crossing(slow, 1e6))
+    int8, shapes = CompressionConfig(name="int8"), (torch.Size([int(N // 4)]),)
+    assert compress.seconds(cl, int8, "builtin", shapes) > 1.5 * compress.seconds(same, int8, "builtin", shapes)
+    sign = CompressionConfig(name="sign", scope="inter_node")  # ByteGrad's shape: the phases between nodes only
+    assert compress.route(sign, "hierarchical", 4) == "two_phase"
+    assert compress.seconds(cl, sign, "hierarchical", shapes) > compress.seconds(same, sign, "hierarchical", shapes)
+    for algorithm in ("builtin", "ring", "hierarchical"):  # rings (one flow each way) keep the level's share
+        assert comm.seconds(algorithm, cl, N) == comm.seconds(algorithm, same, N)
+    with pytest.raises(ConfigError, match="cluster.inter.all_to_all_efficiency=0"):
+        ClusterConfig(inter=LinkConfig(all_to_all_efficiency=0.0))
 
 
 def test_overlap_hides_what_backward_outlasts():

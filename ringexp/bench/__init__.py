@@ -183,6 +183,7 @@ def bench_worker(cfg: BenchConfig) -> list:
                     "wrong": wrong[name], "vs_builtin": (base / t) if base else None,
                     "wire_bytes": sent_bytes(here[name], count * x.element_size(), n, opts),
                     "time_us_p10": 1e6 * (statistics.quantiles(times[name], n=10)[0] if len(times[name]) > 1 else t),
+                    "time_us_mean": 1e6 * statistics.mean(times[name]),  # what a run pays over many, tails included
                 })
             if env.is_main:
                 print_rows(rows[-len(here):], header=nbytes == sizes(cfg)[0] and dname == cfg.dtypes[0])

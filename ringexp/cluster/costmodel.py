@@ -69,6 +69,16 @@ def hop(link, nbytes: float) -> float:
     return link.alpha_s + nbytes * beta(link)
 
 
+def crossing(link, nbytes: float) -> float:
+    """One message of an all-to-all over a link, every rank's messages at once: at the link's
+    `all_to_all_efficiency` where it has one. On the story's shaped 25 Mbit/s TCP link a ring (one flow each way)
+    reaches 0.86 of the rate and the all-to-all's 4 concurrent flows per node 0.63 (ringexp.bench, 2 x 2 at 2.5 and
+    10 MB, docs/results/averaging-story.md): flows started together through a shallow queue (tbf's 100 ms, 312 KB)
+    overflow it and lose time to retransmission, TCP incast (Phanishayee et al., FAST 2008)."""
+    share = link.all_to_all_efficiency or efficiency(link)
+    return link.alpha_s + nbytes * link.beta_s_per_byte / share
+
+
 def slowest_hop(cl, nbytes: float) -> float:
     """A step of a ring over every rank (ranks numbered node by node): each link carries one message at once, so
     the step lasts as long as the slowest of them, an intra-node hop or a node's link."""
@@ -80,10 +90,11 @@ def all_to_all_s(cl, nbytes: float) -> float:
     node's link carries its k ranks' messages to the p - k ranks elsewhere, k(p - k) in turn, not p - 1: two ranks
     per node double the int8 pseudo-gradient's bytes on the link (an int8 two-phase all-reduce of 2.6 MB on the
     local 2 x 2 cluster at 25 Mbit/s took 0.64 s, about 0.37 s at p - 1; docs/results/averaging-story.md); a
-    rank's own p - 1 messages inside its node leave in turn too. The phase lasts as long as the busier."""
+    rank's own p - 1 messages inside its node leave in turn too. The phase lasts as long as the busier; each message
+    at the all-to-all's share of the link (`crossing`)."""
     k, p = cl.ranks_per_node, ranks(cl)
-    return max(k * (p - k) * hop(cl.inter, nbytes) if cl.nodes > 1 else 0.0,
-               (p - 1) * hop(cl.intra, nbytes) if k > 1 else 0.0)
+    return max(k * (p - k) * crossing(cl.inter, nbytes) if cl.nodes > 1 else 0.0,
+               (p - 1) * crossing(cl.intra, nbytes) if k > 1 else 0.0)
 
 
 def together(cl, wire_s: float, compute_s: float, segments: int = 1) -> float:

@@ -64,6 +64,8 @@ class LinkConfig:
     efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the transport's default)
     streams: int = 0  # socket: TCP streams each way over a node's link (0: NCCL's default, SOCKET_CHANNELS x 1)
     socket_Bps: Optional[float] = None  # socket: one stream's ceiling, bytes/s (null: SOCKET_BPS)
+    all_to_all_efficiency: Optional[float] = None  # the share an all-to-all reaches, every rank's messages at once
+    # (null: efficiency's): measured where it differs, as on a shaped TCP link (costmodel.all_to_all_s)
 
 
 @dataclass
@@ -111,6 +113,9 @@ class ClusterConfig:
                  f"choose one of {', '.join(TRANSPORTS)}")
             need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
                  "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
+            need(link.all_to_all_efficiency is None or 0 < link.all_to_all_efficiency <= 1,
+                 f"cluster.{level}.all_to_all_efficiency", link.all_to_all_efficiency,
+                 "must be in (0, 1]: the share of line rate an all-to-all reaches (null: the level's efficiency)")
             most = NCCL_MAX["NCCL_MAX_NCHANNELS"] * NCCL_MAX["sockets"]
             need(0 <= link.streams <= most, f"cluster.{level}.streams", link.streams,
                  f"must be in [0, {most}] (NCCL's channels x sockets per connection; 0: NCCL's default)")

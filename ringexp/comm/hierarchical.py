@@ -169,9 +169,9 @@ def seconds(cl, nbytes: float, wire=costmodel.NONE, variant: str = "two_level", 
 
     def between(reduced=None):
         step = lambda b: costmodel.hop(cl.inter, b)  # noqa: E731 (the hop of a node's link)
-        if phases:
-            return two_phase.seconds(cl, nbytes if reduced is None else reduced, nodes, lambda b: (nodes - 1) * step(b),
-                                     wire, through=nbytes)
+        if phases:  # k ranks' all-to-alls among the nodes share each node's link
+            return two_phase.seconds(cl, nbytes if reduced is None else reduced, nodes,
+                                     lambda b: (nodes - 1) * costmodel.crossing(cl.inter, b), wire, through=nbytes)
         return costmodel.ring_s(cl, nbytes, nodes, step, wire, reduced, ring.segments(nbytes / nodes))
 
     if variant == "two_level":
