@@ -183,7 +183,7 @@ MEASURED = {"nodes": 2, "ranks_per_node": 2, "link": "25mbit", "backend": "gloo"
             "intra": {"alpha_s": 1e-5, "beta_s_per_byte": 1e-9, "errors": [0.0], "points": [[4096, 1e-5]]},
             "inter": {"alpha_s": 1e-4, "beta_s_per_byte": 3.2e-7, "errors": [0.0], "points": [[4096, 1e-3]]},
             "add_s_per_byte": 1e-10, "encode_s_per_byte": {"fp16": 1e-10}, "decode_s_per_byte": {"fp16": 1e-10},
-            "compute_slowdown": 2.0, "call_s": 1e-5, "bucket_s": 2e-5}  # calibrate's measurements, made up
+            "compute_slowdown": 2.0, "jitter_s": 2e-3, "call_s": 1e-5, "bucket_s": 2e-5}  # calibrate's, made up
 
 
 def test_calibrate_writes_its_cluster_file_in_place_of_a_symlink(tmp_path, capsys):

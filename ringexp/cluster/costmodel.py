@@ -26,7 +26,10 @@ al. 2024) and ASTRA-sim in its simplest form], and on GPUs backward runs slower 
 communication runs beside it (`slowed`).
 """
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
 
 from ringexp.cluster.schema import EFFICIENCY, OVERLAP_SLOWDOWN, SOCKET_BPS, SOCKET_CHANNELS
 
@@ -77,6 +80,37 @@ def crossing(link, nbytes: float) -> float:
     overflow it and lose time to retransmission, TCP incast (Phanishayee et al., FAST 2008)."""
     share = link.all_to_all_efficiency or efficiency(link)
     return link.alpha_s + nbytes * link.beta_s_per_byte / share
+
+
+def call(cl, took_s: float) -> float:
+    """One collective call: its own `took_s`, the host's dispatch (`call_s`) and, where it crosses nodes and keeps
+    the node link busy longer than the link's queue holds (`queue_s`), the link's tail (`tail_s`): what such a call
+    pays on average beyond its median, a packet lost at a flow's end waiting for a timeout. On the story's shaped
+    25 Mbit/s link (tbf, a 100 ms queue) collectives of 2.5 MB paid 10-27 ms over 100 bench rounds; 5 and 64 kB
+    ones 0-1 ms, 640 kB 3 ms (docs/plan.md)."""
+    crosses = cl.nodes > 1 and took_s > cl.inter.queue_s
+    return took_s + cl.call_s + (cl.inter.tail_s if crosses else 0.0)
+
+
+def straggle(cl, window_s: float) -> float:
+    """How long a synchronisation waits for the slowest rank after `window_s` seconds of every rank's own compute:
+    the expected largest of p ranks' times over their mean, e(p) x sd. On shared CPU cores a rank's compute varies
+    like a sum of scheduling delays, its variance growing with the time it spans: sd = sqrt(jitter_s x T). 4 ranks
+    on the 2-core machine: one step of the story's model (35 ms) varied by 8.6 ms, ResNet-18's (396 ms) by 28 ms,
+    both jitter_s = 2 ms; a barrier after 1 and 4 steps of the small model waited 9 and 20 ms, this gives 9 and
+    17 (after 16: 27 measured, 35 here: the scheduler's fairness evens out long spans)."""
+    p = ranks(cl)
+    if p < 2 or not cl.jitter_s:
+        return 0.0
+    return expected_max(p) * math.sqrt(cl.jitter_s * window_s)
+
+
+@lru_cache(maxsize=64)
+def expected_max(p: int) -> float:
+    """The expected largest of p standard normal draws, integral of x p phi(x) Phi(x)^(p-1) by the trapezoid rule
+    on [-9, 9] (1.029 at 4, 3.241 at 1,000; Blom's closed form is 4% high at 2)."""
+    normal, h = NormalDist(), 0.005
+    return h * sum(x * p * normal.pdf(x) * normal.cdf(x) ** (p - 1) for x in (-9 + i * h for i in range(3601)))
 
 
 def slowest_hop(cl, nbytes: float) -> float:
@@ -169,5 +203,9 @@ def overlap(ready: list, comm: list, backward_s: float) -> tuple:
 def step(comm_s: float, exposed_s: float, compute: dict, micro_steps: int = 1) -> dict:
     """One optimizer step's figures from its communication and what of it is exposed: `micro_steps` forward and
     backward passes, the exposed communication, the optimizer (`compute`: forward_s, backward_s, optimizer_s)."""
-    work = micro_steps * (compute["forward_s"] + compute["backward_s"]) + compute["optimizer_s"]
-    return {"comm_s": comm_s, "exposed_s": exposed_s, "step_s": work + exposed_s}
+    return {"comm_s": comm_s, "exposed_s": exposed_s, "step_s": work(compute, micro_steps) + exposed_s}
+
+
+def work(compute: dict, micro_steps: int = 1) -> float:
+    """One optimizer step's compute: `micro_steps` forward and backward passes and the optimizer."""
+    return micro_steps * (compute["forward_s"] + compute["backward_s"]) + compute["optimizer_s"]

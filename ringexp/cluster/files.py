@@ -125,6 +125,7 @@ def from_measurements(m: dict, out: str | None, label: str | None, line_rate: st
             "backend": m["backend"], **levels,
             "add_s_per_byte": m["add_s_per_byte"], "encode_s_per_byte": m["encode_s_per_byte"],
             "decode_s_per_byte": m["decode_s_per_byte"], "compute_slowdown": m["compute_slowdown"],
+            "jitter_s": m["jitter_s"],
             "cpu_threads": m["cpu_threads"], "call_s": m["call_s"], "bucket_s": m["bucket_s"], "source": how}
     return name, f"# {how}\n" + OmegaConf.to_yaml(OmegaConf.create(body))
 
@@ -142,6 +143,7 @@ def write(m: dict, out: str | None, label: str | None, line_rate: str | None = N
             print(f"ringexp: {level}: alpha {f['alpha_s'] * 1e6:.1f} us, {8 / f['beta_s_per_byte'] / 1e9:.2f} Gbit/s; "
                   f"measured {seen}; fit error by size {by_size(f)}")
     print(f"ringexp: add {1 / m['add_s_per_byte'] / 1e9:.2f} GB/s, compute slowdown {m['compute_slowdown']:.2f}, "
+          f"jitter {m['jitter_s'] * 1e3:.2f} ms, "
           f"per call {m['call_s'] * 1e6:.0f} us, per DDP bucket {m['bucket_s'] * 1e6:.0f} us; "
           f"wrote {path} (use it: python -m ringexp.plan predict cluster={name})")
 

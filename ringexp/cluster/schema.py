@@ -66,6 +66,9 @@ class LinkConfig:
     socket_Bps: Optional[float] = None  # socket: one stream's ceiling, bytes/s (null: SOCKET_BPS)
     all_to_all_efficiency: Optional[float] = None  # the share an all-to-all reaches, every rank's messages at once
     # (null: efficiency's): measured where it differs, as on a shaped TCP link (costmodel.all_to_all_s)
+    tail_s: float = 0.0  # what a collective crossing this level pays on average beyond its median: a loss at a
+    # flow's end recovered by a timeout on a shallow shaped queue (the bench's mean minus median; costmodel.call)
+    queue_s: float = 0.0  # the queue's length in seconds of the link: only a call that outlasts it pays tail_s
 
 
 @dataclass
@@ -86,6 +89,8 @@ class ClusterConfig:
     # OVERLAP_SLOWDOWN of gpu_arch; gloo: 0)
     cpu_threads: int = 0  # a CPU rank's intra-op threads when calibrated (0: cores here / ranks per node)
     call_s: float = 0.0  # per collective call beyond its alpha-beta time: launch and dispatch (calibrate measures)
+    jitter_s: float = 0.0  # a rank's compute over T seconds, every rank computing at once, varies with sd
+    # sqrt(jitter_s x T): a synchronisation waits for the slowest rank (costmodel.straggle; calibrate measures it)
     bucket_s: float = 0.0  # per DDP bucket, on the training thread: the reducer's hook, copies and launch
     gpu_arch: str = "hopper"  # nccl: the GPU generation, for NCCL's low-latency protocols' caps (GPU_ARCHS)
     nvls: bool = False  # nccl: NVLink SHARP (NVSwitch multicast, H100 with NVLink 4 switches) is there
@@ -113,6 +118,9 @@ class ClusterConfig:
                  f"choose one of {', '.join(TRANSPORTS)}")
             need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
                  "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
+            for key in ("tail_s", "queue_s"):
+                need(0 <= getattr(link, key) <= 60, f"cluster.{level}.{key}", getattr(link, key),
+                     "must be in [0, 60] seconds")
             need(link.all_to_all_efficiency is None or 0 < link.all_to_all_efficiency <= 1,
                  f"cluster.{level}.all_to_all_efficiency", link.all_to_all_efficiency,
                  "must be in (0, 1]: the share of line rate an all-to-all reaches (null: the level's efficiency)")
@@ -133,7 +141,7 @@ class ClusterConfig:
              self.overlap_slowdown, "must be in [0, 10] (null: the GPU generation's)")
         need(0 <= self.cpu_threads <= 4096, "cluster.cpu_threads", self.cpu_threads,
              "must be in [0, 4096] (0: cores / ranks)")
-        for key in ("call_s", "bucket_s"):
+        for key in ("call_s", "bucket_s", "jitter_s"):
             need(0 <= getattr(self, key) <= 60, f"cluster.{key}", getattr(self, key), "must be >= 0 and at most 60 s")
         need(self.gpu_arch in GPU_ARCHS, "cluster.gpu_arch", self.gpu_arch, f"choose one of {', '.join(GPU_ARCHS)}")
         for key in ("NCCL_ALGO", "NCCL_PROTO"):

@@ -169,7 +169,7 @@ def seconds(algorithm: str, cl, nbytes: float, wire=None, **options) -> float:
     """Predicted seconds of one all-reduce of `nbytes` float32 bytes over every rank of cluster `cl` (a
     ClusterConfig), each message in `wire` (a ringexp.cluster.costmodel.Wire: a compressor's format and codec costs;
     None: float32): the algorithm's own formula (the cost model's pieces), and the cluster's cost of one call."""
-    return ALGORITHMS[algorithm].seconds(cl, nbytes, wire or costmodel.NONE, **options) + cl.call_s
+    return costmodel.call(cl, ALGORITHMS[algorithm].seconds(cl, nbytes, wire or costmodel.NONE, **options))
 
 
 def parse(name: str) -> tuple:

@@ -350,17 +350,18 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
     if way == "two_phase" and algorithm == "hierarchical" and c.scope == "inter_node":
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": "inter_node", "phases": True})
     if way == "two_phase":
-        return two_phase.seconds(cl, n, costmodel.ranks(cl), partial(costmodel.all_to_all_s, cl), wire) + cl.call_s
+        phase = partial(costmodel.all_to_all_s, cl)
+        return costmodel.call(cl, two_phase.seconds(cl, n, costmodel.ranks(cl), phase, wire))
     if way == "wire":
         return comm.seconds(algorithm, cl, n, wire, **options | {"scope": c.scope})
     if way == "sum":
         return n * (wire.encode + wire.decode) + comm.seconds(algorithm, cl, wire.ratio * n, **options)
     if cl.backend == "nccl" and algorithm == "builtin":  # NCCL's all-gather, as NCCL would run it
         p = costmodel.ranks(cl)
-        return nccl.seconds(cl, "allgather", p * wire.ratio * n) + p * n * wire.decode + n * wire.encode + \
-            cl.call_s
+        return costmodel.call(cl, nccl.seconds(cl, "allgather", p * wire.ratio * n) + p * n * wire.decode +
+                              n * wire.encode)
     gather = costmodel.root_gather_s if algorithm == "naive" else costmodel.ring_gather_s
-    return gather(cl, wire.ratio * n, n, wire) + cl.call_s
+    return costmodel.call(cl, gather(cl, wire.ratio * n, n, wire))
 
 
 WHERE = {"inter": {"scope": "inter_node"}, "two_phase": {"collective": "two_phase"},

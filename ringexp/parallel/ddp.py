@@ -97,8 +97,10 @@ class DDPStrategy(Strategy):
         produced = list(accumulate(sum(s.numel() for s in b) for b in buckets))  # gradient elements, in order
         ready = [compute["backward_s"] * n / (produced[-1] or 1) for n in produced]  # (no buckets: none ready)
         _, exposed = costmodel.overlap(ready, comm_s, compute["backward_s"])
-        # the reducer's work per bucket runs on the training thread, so nothing hides it
-        lost = costmodel.slowed(cl, sum(comm_s), exposed) + len(buckets) * cl.bucket_s
+        # the reducer's work per bucket runs on the training thread, so nothing hides it; the last bucket waits for
+        # the slowest rank's micro-steps
+        lost = costmodel.slowed(cl, sum(comm_s), exposed) + len(buckets) * cl.bucket_s + \
+            costmodel.straggle(cl, costmodel.work(compute, cfg.accumulation.steps))
         return costmodel.step(sum(comm_s), lost, compute, cfg.accumulation.steps)
 
     def state_dict(self):

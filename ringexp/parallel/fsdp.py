@@ -87,16 +87,19 @@ class FSDPStrategy(Strategy):
         "ZeRO", SC 2020], all exposed: the model leaves out FSDP's one-block prefetch."""
         p, numel = costmodel.ranks(cl), sum(s.numel() for s in shapes)
         param, reduce, gathers, scatter = moved(cfg, cl.backend)
+        wait = cfg.accumulation.steps * costmodel.straggle(cl, costmodel.work(compute))  # (each micro-step's first
+        # all-gather waits for the slowest rank)
         if cl.backend == "nccl":  # NCCL's own all-gather and reduce-scatter (ringexp.cluster.nccl)
             gather = nccl.seconds(cl, "allgather", param * numel)
-            comm_s = gathers * (gather + cl.call_s) + nccl.seconds(cl, "reducescatter", reduce * numel) + cl.call_s
-            return costmodel.step(comm_s, comm_s, compute, cfg.accumulation.steps)
+            comm_s = gathers * costmodel.call(cl, gather) + costmodel.call(cl, nccl.seconds(cl, "reducescatter",
+                                                                                              reduce * numel))
+            return costmodel.step(comm_s, comm_s + wait, compute, cfg.accumulation.steps)
         gather = (p - 1) * costmodel.slowest_hop(cl, param * numel / p)
         wire = costmodel.NONE if reduce == 4 else costmodel.Wire(reduce / 4, 0.0, cl.add_s_per_byte)
         ring_s = costmodel.ring_s(cl, 4 * numel, p, lambda b: costmodel.slowest_hop(cl, b), wire,
                                   segments=ring.segments(4 * numel / p))
-        comm_s = gathers * (gather + cl.call_s) + ring_s * scatter / 2 + cl.call_s
-        return costmodel.step(comm_s, comm_s, compute, cfg.accumulation.steps)
+        comm_s = gathers * costmodel.call(cl, gather) + costmodel.call(cl, ring_s * scatter / 2)
+        return costmodel.step(comm_s, comm_s + wait, compute, cfg.accumulation.steps)
 
     def wire_note(self) -> str:
         return ("nccl: all-gather and reduce-scatter" if self.env.backend == "nccl"

@@ -141,6 +141,11 @@ class LocalSGDStrategy(DDPStrategy):
         of the whole model every period steps, after the optimizer and blocking it: all exposed."""
         p = cfg.parallel
         sync_s = compress.seconds(cl, cfg.compression, str(p.averaging), tuple(shapes), variant=p.variant)
+        # then the buffers' builtin all-reduce (a few kB: latency, 2(p-1) steps across the slow link), after waiting
+        # for the slowest rank's local steps
+        buffers = buffer_numel(cfg)
+        sync_s += (comm.seconds("builtin", cl, 4 * buffers) if buffers else 0.0) + \
+            costmodel.straggle(cl, p.period * costmodel.work(compute, cfg.accumulation.steps))
         inside = {"comm_s": 0.0, "exposed_s": 0.0}
         if p.within_node and cl.ranks_per_node > 1:
             node = replace(cl, nodes=1)
@@ -184,6 +189,12 @@ def count_tensors(cfg) -> int:
     """The model's trainable tensors (built on the meta device: shapes only)."""
     with torch.device("meta"):
         return sum(1 for q in build_model(cfg.model, cfg.data.num_labels).parameters() if q.requires_grad)
+
+
+def buffer_numel(cfg) -> int:
+    """The model's floating-point buffers' elements (batch-norm statistics), which every synchronisation averages."""
+    with torch.device("meta"):
+        return sum(b.numel() for b in build_model(cfg.model, cfg.data.num_labels).buffers() if b.is_floating_point())
 
 
 def sync_bytes(cfg, world: World, shapes: list) -> int:

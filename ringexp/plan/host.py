@@ -2,7 +2,9 @@
 an add and every codec per byte, how much slower a rank computes in training than alone, and the host's share of
 a collective call and of one more DDP bucket."""
 
+import statistics
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -43,15 +45,15 @@ def compute_costs(cfg: PlanConfig, env, sync) -> dict:
     psgd = rdist.slowest(median_time(powersgd, cfg.iters, sync), env.device)
     out["encode_s_per_byte"]["powersgd"] = psgd / (4 * m.numel())
     out["decode_s_per_byte"]["powersgd"] = 0.0
-    out["compute_slowdown"] = compute_slowdown(env, cfg.iters, sync)
-    return out
+    return out | compute_slowdown(env, cfg.iters, sync)
 
 
-def compute_slowdown(env, iters: int, sync) -> float:
-    """How much slower a rank computes in training than alone: ResNet-18's forward and backward (batch 8, 64 x 64)
-    on rank 0 alone, against every rank at once while each also exchanges 4 MB messages with its ring neighbours,
-    as DDP's all-reduces run during backward. On shared CPU cores the network stack takes its share: 2.9 on the
-    2 x 2 local cluster, against 2.4 without the exchanges and 2.0 for a matmul loop (story runs: 3.4)."""
+def compute_slowdown(env, iters: int, sync) -> dict:
+    """{compute_slowdown, jitter_s}. How much slower a rank computes in training than alone: ResNet-18's forward
+    and backward (batch 8, 64 x 64) on rank 0 alone, against every rank at once while each also exchanges 4 MB
+    messages with its ring neighbours, as DDP's all-reduces run during backward. On shared CPU cores the network
+    stack takes its share: 2.9 on the 2 x 2 local cluster, against 2.4 without the exchanges and 2.0 for a matmul
+    loop (story runs: 3.4). And how much a rank's compute varies, every rank at once (`jitter`)."""
     model = build_model(ModelConfig(name="resnet18"), 8).to(env.device)
     x, y = torch.randn(8, 3, 64, 64, device=env.device), torch.rand(8, 8, device=env.device)
 
@@ -63,7 +65,23 @@ def compute_slowdown(env, iters: int, sync) -> float:
     alone = median_time(work, iters, sync) if env.rank == 0 else 0.0
     dist.barrier()
     busy = exchanging(env, lambda: median_time(work, iters, sync))
-    return rdist.slowest(busy, env.device) / rdist.slowest(alone, env.device)
+    return {"compute_slowdown": rdist.slowest(busy, env.device) / rdist.slowest(alone, env.device),
+            "jitter_s": jitter(env, work, max(iters, 20), sync)}
+
+
+def jitter(env, work, iters: int, sync) -> float:
+    """costmodel.straggle's jitter_s: the variance of one rank's step over its mean, every rank computing at once
+    (a sum of scheduling delays: its variance grows with the time it spans), the ranks' mean."""
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        work()
+        sync()
+        times.append(time.perf_counter() - t0)
+    got = torch.tensor([statistics.pvariance(times) / statistics.mean(times)], device=env.device)
+    dist.all_reduce(got)
+    return got.item() / env.world_size
 
 
 def exchanging(env, fn):
