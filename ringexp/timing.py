@@ -174,6 +174,11 @@ def verdict(t: dict, tips: str) -> str:
 def median_time(fn, iters: int, sync=lambda: None) -> float:
     """Median seconds of `iters` calls of fn() after one untimed call (first-touch page faults, scratch
     buffers); `sync` waits for the device (torch.cuda.synchronize on GPUs)."""
+    return statistics.median(times_of(fn, iters, sync))
+
+
+def times_of(fn, iters: int, sync=lambda: None) -> list:
+    """Seconds of each of `iters` calls of fn() after one untimed call, as median_time times them."""
     fn()
     sync()
     times = []
@@ -182,4 +187,4 @@ def median_time(fn, iters: int, sync=lambda: None) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times

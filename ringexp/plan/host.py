@@ -4,7 +4,6 @@ a collective call and of one more DDP bucket."""
 
 import statistics
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -17,7 +16,7 @@ from ringexp.cluster.schema import ClusterConfig, LinkConfig
 from ringexp.config import CompressionConfig, ModelConfig
 from ringexp.models import build_model
 from ringexp.plan.config import PlanConfig
-from ringexp.timing import median_time
+from ringexp.timing import median_time, times_of
 
 CODECS = ("fp16", "bf16", "int8", "topk", "randomk", "sign", "powersgd")
 
@@ -73,12 +72,7 @@ def jitter(env, work, iters: int, sync) -> float:
     """costmodel.straggle's jitter_s: the variance of one rank's step over its mean, every rank computing at once
     (a sum of scheduling delays: its variance grows with the time it spans), the ranks' mean."""
     dist.barrier()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        work()
-        sync()
-        times.append(time.perf_counter() - t0)
+    times = times_of(work, iters, sync)
     got = torch.tensor([statistics.pvariance(times) / statistics.mean(times)], device=env.device)
     dist.all_reduce(got)
     return got.item() / env.world_size
