@@ -109,6 +109,10 @@ def test_an_all_to_all_runs_at_its_link_s_own_share_where_it_has_one():
         assert comm.seconds(algorithm, cl, N) == comm.seconds(algorithm, same, N)
     with pytest.raises(ConfigError, match="cluster.inter.all_to_all_efficiency=0"):
         ClusterConfig(inter=LinkConfig(all_to_all_efficiency=0.0))
+    with pytest.raises(ConfigError, match=r"cluster.inter.tail_s=-0.01: must be in \[0, 60\] seconds"):
+        ClusterConfig(inter=LinkConfig(tail_s=-0.01))
+    with pytest.raises(ConfigError, match="cluster.jitter_s=nan"):
+        ClusterConfig(jitter_s=float("nan"))
 
 
 def test_a_synchronisation_waits_for_the_slowest_rank_as_many_normal_draws_would():

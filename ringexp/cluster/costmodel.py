@@ -62,9 +62,10 @@ def efficiency(link) -> float:
     return 1 / (1 + 1 / (link.beta_s_per_byte * streams * (link.socket_Bps or SOCKET_BPS)))
 
 
-def beta(link) -> float:
-    """Seconds per byte as the level's transport moves them: line rate's beta over the share it reaches."""
-    return link.beta_s_per_byte / efficiency(link)
+def beta(link, share: float | None = None) -> float:
+    """Seconds per byte as the level's transport moves them: line rate's beta over the share it reaches (`share`
+    where given, else the level's own)."""
+    return link.beta_s_per_byte / (share or efficiency(link))
 
 
 def hop(link, nbytes: float) -> float:
@@ -78,8 +79,7 @@ def crossing(link, nbytes: float) -> float:
     reaches 0.86 of the rate and the all-to-all's 4 concurrent flows per node 0.63 (ringexp.bench, 2 x 2 at 2.5 and
     10 MB, docs/results/averaging-story.md): flows started together through a shallow queue (tbf's 100 ms, 312 KB)
     overflow it and lose time to retransmission, TCP incast (Phanishayee et al., FAST 2008)."""
-    share = link.all_to_all_efficiency or efficiency(link)
-    return link.alpha_s + nbytes * link.beta_s_per_byte / share
+    return link.alpha_s + nbytes * beta(link, link.all_to_all_efficiency)
 
 
 def call(cl, took_s: float) -> float:

@@ -143,7 +143,7 @@ class LocalSGDStrategy(DDPStrategy):
         sync_s = compress.seconds(cl, cfg.compression, str(p.averaging), tuple(shapes), variant=p.variant)
         # then the buffers' builtin all-reduce (a few kB: latency, 2(p-1) steps across the slow link), after waiting
         # for the slowest rank's local steps
-        buffers = buffer_numel(cfg)
+        buffers = model_counts(cfg)[1]
         sync_s += (comm.seconds("builtin", cl, 4 * buffers) if buffers else 0.0) + \
             costmodel.straggle(cl, p.period * costmodel.work(compute, cfg.accumulation.steps))
         inside = {"comm_s": 0.0, "exposed_s": 0.0}
@@ -172,7 +172,7 @@ def check_averaging(cfg, world_size: int) -> None:
         raise ConfigError(f"parallel.period={p.period} is longer than the {cfg.steps - p.warmup_steps} local steps "
                           f"of this run (steps={cfg.steps}, parallel.warmup_steps={p.warmup_steps}); lower the "
                           "period or raise steps")
-    tensors = count_tensors(cfg)
+    tensors = model_counts(cfg)[0]
     if p.fragments > tensors:
         raise ConfigError(f"parallel.fragments={p.fragments}: the model has {tensors} trainable tensors to split; "
                           f"use at most {tensors}")
@@ -185,16 +185,19 @@ def check_averaging(cfg, world_size: int) -> None:
                           "already equal, so the hierarchy has nothing to add; use averaging=builtin or ring")
 
 
-def count_tensors(cfg) -> int:
-    """The model's trainable tensors (built on the meta device: shapes only)."""
-    with torch.device("meta"):
-        return sum(1 for q in build_model(cfg.model, cfg.data.num_labels).parameters() if q.requires_grad)
+_COUNTS: dict = {}  # (model config, labels) -> model_counts(): step_cost asks for every prediction the tune makes
 
 
-def buffer_numel(cfg) -> int:
-    """The model's floating-point buffers' elements (batch-norm statistics), which every synchronisation averages."""
-    with torch.device("meta"):
-        return sum(b.numel() for b in build_model(cfg.model, cfg.data.num_labels).buffers() if b.is_floating_point())
+def model_counts(cfg) -> tuple:
+    """(trainable tensors, floating-point buffer elements: the batch-norm statistics every synchronisation
+    averages) of the config's model, built once per model config on the meta device (shapes only)."""
+    key = (str(cfg.model), cfg.data.num_labels)
+    if key not in _COUNTS:
+        with torch.device("meta"):
+            model = build_model(cfg.model, cfg.data.num_labels)
+        _COUNTS[key] = (sum(1 for q in model.parameters() if q.requires_grad),
+                        sum(b.numel() for b in model.buffers() if b.is_floating_point()))
+    return _COUNTS[key]
 
 
 def sync_bytes(cfg, world: World, shapes: list) -> int:
