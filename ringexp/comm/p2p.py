@@ -92,14 +92,17 @@ def batch(sends: list, recvs: list, group, what) -> tuple:
     """Every (tensor, group rank) of `sends` and `recvs` posted as one batch (see exchange); returns (works for the
     sends, works for the receives): on gloo one per operation, in order; on NCCL one for the whole batch, waited
     for with the receives (or with the sends where there are none)."""
-    ops = [dist.P2POp(dist.isend, t, group=group, group_peer=peer) for t, peer in sends] + \
-        [dist.P2POp(dist.irecv, t, group=group, group_peer=peer) for t, peer in recvs]
+    # receives first: gloo moves a message to a peer and one from it in turn when the send is posted first (4 MB
+    # each way between two ranks over a 100 Mbit/s link: 670 ms sends first, 377 ms receives first, 351 ms one
+    # way; docs/results/compression-scaling.md); NCCL runs a batch as one group, in any order
+    ops = [dist.P2POp(dist.irecv, t, group=group, group_peer=peer) for t, peer in recvs] + \
+        [dist.P2POp(dist.isend, t, group=group, group_peer=peer) for t, peer in sends]
     try:
         works = dist.batch_isend_irecv(ops) if ops else []
     except Exception as e:
         raise RuntimeError(f"{said(what)}: {type(e).__name__}: {one_line(e)}") from e
     if len(works) == len(ops):  # one work per operation (gloo)
-        return works[:len(sends)], works[len(sends):]
+        return works[len(recvs):], works[:len(recvs)]
     return ([], works) if recvs else (works, [])
 
 

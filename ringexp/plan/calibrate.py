@@ -12,15 +12,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ringexp import compress
 from ringexp import dist as rdist
 from ringexp.cluster import files as clusters
 from ringexp.cluster import nccl
 from ringexp.cluster.schema import SOCKET_CHANNELS, bytes_per_s
+from ringexp.comm import p2p, two_phase
 from ringexp.config import BackendConfig
 from ringexp.errors import ConfigError
 from ringexp.launch import elastic, under_external_launcher
 from ringexp.plan import host
 from ringexp.plan.config import PlanConfig
+
+# The message an all-to-all is measured with: large enough that its bytes, not its latency, set the time (the two
+# phases' messages of a 16 MB int8 gradient over 8 ranks are 512 KB), small enough to take seconds at 25 Mbit/s.
+ALL_TO_ALL_BYTES = 1 << 20
 
 
 def exchange_times(cfg: PlanConfig, env, to: int, frm: int, sync) -> list:
@@ -33,14 +39,45 @@ def exchange_times(cfg: PlanConfig, env, to: int, frm: int, sync) -> list:
         for it in range(cfg.iters + 1):
             dist.barrier()
             t0 = time.perf_counter()
-            ops = [dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]
-            for w in dist.batch_isend_irecv(ops):
+            sent, received = p2p.exchange((send, to), (recv, frm), None, "calibrate")  # as the collectives post
+            for w in received + sent:
                 w.wait()
             sync()
             t = rdist.slowest(time.perf_counter() - t0, env.device)
             times += [t] if it else []
         out.append((size, statistics.median(times)))
     return out
+
+
+def all_to_all_time(cfg: PlanConfig, env, sync, nbytes: int = ALL_TO_ALL_BYTES) -> list:
+    """[bytes, seconds]: every rank sends `nbytes` to every other rank and receives as much from each, all posted
+    at once as the two phases post their exchanges (two_phase.exchange); the slowest rank's median of `iters`
+    rounds after one warm-up."""
+    ring, times = list(range(env.world_size)), []
+    out = [torch.zeros(nbytes, dtype=torch.uint8, device=env.device)] * env.world_size
+    for it in range(cfg.iters + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        two_phase.exchange(None, ring, env.rank, out, [nbytes] * env.world_size, "calibrate", None)
+        sync()
+        t = rdist.slowest(time.perf_counter() - t0, env.device)
+        times += [t] if it else []
+    return [nbytes, statistics.median(times)]
+
+
+def all_gather_time(cfg: PlanConfig, env, sync, nbytes: int = ALL_TO_ALL_BYTES) -> list:
+    """[bytes, seconds]: gloo's (or NCCL's) builtin all-gather of `nbytes` from every rank, as a compressed
+    all-reduce through the all-gather calls it (compress.all_gather); the slowest rank's median of `iters`
+    rounds after one warm-up."""
+    payload, times = torch.zeros(nbytes, dtype=torch.uint8, device=env.device), []
+    for it in range(cfg.iters + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        compress.all_gather(payload, "builtin")
+        sync()
+        t = rdist.slowest(time.perf_counter() - t0, env.device)
+        times += [t] if it else []
+    return [nbytes, statistics.median(times)]
 
 
 def fit(points: list, scale: int = 1) -> dict:
@@ -75,6 +112,8 @@ def calibrate_worker(cfg: PlanConfig) -> dict:
     if nodes > 1:  # a step of the ring over every rank: one stream each way per node link, beside the intra hops
         n = env.world_size  # (an exchange within one pair of ranks measured 30-50% slower at 1 Gbit/s here)
         out["inter"] = fit(exchange_times(cfg, env, (env.rank + 1) % n, (env.rank - 1) % n, sync))
+        out["inter"]["all_to_all"] = all_to_all_time(cfg, env, sync)
+        out["inter"]["all_gather"] = all_gather_time(cfg, env, sync)
     out |= host.compute_costs(cfg, env, sync)
     out |= host.call_costs(cfg, env, sync, out)
     rdist.cleanup()
