@@ -1,5 +1,7 @@
-"""The planner's socket transport from its mechanism (streams x a per-stream ceiling, NCCL's channels and socket
-variables), compute slowed beside communication on GPUs, calibrate's socket fit, and their bad input."""
+"""The planner's links from their mechanisms: the socket transport (streams x a per-stream ceiling, at most what
+NCCL's proxy threads move; NCCL's channels and socket variables), shares by topology, a GPU codec's cost, compute
+slowed beside communication on GPUs, calibrate's socket fit and all-to-all and all-gather shares, and their bad
+input."""
 
 import dataclasses
 import math
@@ -11,9 +13,17 @@ from conftest import plan_refusal, published_cases
 from ringexp import parallel
 from ringexp.cluster import costmodel, nccl
 from ringexp.cluster import files as clusters
-from ringexp.cluster.schema import OVERLAP_SLOWDOWN, ClusterConfig, LinkConfig
+from ringexp.cluster.schema import (
+    EFFICIENCY,
+    OVERLAP_SLOWDOWN,
+    POWERSGD_TENSOR_S,
+    SOCKET_THREAD_BPS,
+    ClusterConfig,
+    LinkConfig,
+)
 from ringexp.config import BackendConfig
 from ringexp.errors import ConfigError
+from ringexp.plan import rules
 from ringexp.validate import compose_config
 
 
@@ -166,3 +176,65 @@ def test_calibrate_s_transport_is_measured_or_socket_with_a_line_rate(monkeypatc
     monkeypatch.setenv("NCCL_SOCKET_NTHREADS", "32")
     line = plan_refusal(monkeypatch, capsys, ["calibrate", "transport=socket", "line_rate=10gbit"])
     assert "NCCL_SOCKET_NTHREADS=32 in the environment: must be an integer in [1, 16]" in line, line
+
+
+def test_one_proxy_thread_bounds_a_fast_socket_link_whatever_its_streams():
+    """Since NCCL 2.4.2 a rank's one proxy thread moves every stream's bytes: more streams add no thread
+    (nccl#209: 2.4.2's 1-8 rings all at 1.45-1.95 GB/s), so a 100 Gbit/s NIC with AWS's 32 streams reaches what its
+    threads move, and threads started by NCCL_SOCKET_NTHREADS (a file's socket_threads) lift it again; at 10
+    Gbit/s the line binds first."""
+    thread = SOCKET_THREAD_BPS
+    assert 1 / costmodel.beta(socket(100, streams=32)) == pytest.approx(thread)
+    assert 1 / costmodel.beta(socket(100, streams=32, socket_threads=0.5)) == pytest.approx(thread / 2)
+    assert 1 / costmodel.beta(socket(100, streams=32, socket_threads=4)) > 2 * thread
+    assert costmodel.efficiency(socket(10, socket_threads=0.5)) == costmodel.efficiency(socket(10, socket_threads=8))
+    with pytest.raises(ConfigError, match=r"cluster.inter.socket_threads=0.25: must be in \[0.5, "):
+        ClusterConfig(inter=socket(100, socket_threads=0.25))
+
+
+@pytest.mark.parametrize("transport, topology, share", [("pcie", "switch", 0.72), ("pcie", "root_complex", 0.40),
+                                                         ("pcie", "cross_socket", 0.30), ("rdma", "gdr", 0.94),
+                                                         ("rdma", "host", 0.64)])
+def test_a_level_s_topology_sets_its_share_below_its_own_efficiency(transport, topology, share):
+    link = LinkConfig(1e-5, 1e-10, transport=transport, topology=topology)
+    assert costmodel.efficiency(link) == share
+    assert costmodel.efficiency(dataclasses.replace(link, efficiency=0.5)) == 0.5  # a stated efficiency wins
+    assert costmodel.efficiency(dataclasses.replace(link, topology="")) == EFFICIENCY[transport]
+
+
+@pytest.mark.parametrize("transport, topology, words", [
+    ("pcie", "gdr", "choose one of switch, root_complex, cross_socket for transport pcie"),
+    ("nvlink", "switch", "only a pcie or rdma level states a topology")])
+def test_a_topology_the_transport_has_not_is_refused_in_one_line(transport, topology, words):
+    with pytest.raises(ConfigError, match=f"cluster.intra.topology={topology}: {words}"):
+        ClusterConfig(intra=LinkConfig(transport=transport, topology=topology))
+
+
+def test_a_gpu_codec_the_file_did_not_measure_costs_its_passes_through_memory():
+    """On a GPU cluster a codec without a measured cost pays its passes over the bytes at 0.75 of the generation's
+    memory bandwidth (V100's fp16 encode 1.5 / (0.75 x 900 GB/s)); a measured cost wins; a CPU cluster's missing
+    codec costs nothing; PowerSGD pays per compressed tensor besides, so that per-tensor PowerSGD on a slow link
+    is slower than fused buckets."""
+    gpu = tcp_cluster(10)
+    assert costmodel.codec(gpu, "fp16") == pytest.approx((1.5 / (0.75 * 900e9), 2.5 / (0.75 * 900e9)))
+    assert costmodel.codec(dataclasses.replace(gpu, gpu_arch="hopper"), "fp16")[0] < costmodel.codec(gpu, "fp16")[0]
+    measured = dataclasses.replace(gpu, encode_s_per_byte={"fp16": 1e-9}, decode_s_per_byte={"fp16": 2e-9})
+    assert costmodel.codec(measured, "fp16") == (1e-9, 2e-9)
+    assert costmodel.codec(dataclasses.replace(gpu, backend="gloo"), "fp16") == (0.0, 0.0)
+    shapes = [torch.Size([2048, 2048])] * 16
+    compute = {"forward_s": 0.05, "backward_s": 0.1, "optimizer_s": 0.0}
+    psgd = ["+parallel=ddp_powersgd"]
+    fused = parallel.step_cost(gpu, compose_config(psgd, 2), shapes, compute)
+    free = parallel.step_cost(rules.free_codec(gpu), compose_config(psgd, 2), shapes, compute)
+    assert fused["comm_s"] - free["comm_s"] >= 16 * POWERSGD_TENSOR_S["volta"] * 0.99
+
+
+def test_calibrate_keeps_an_all_to_all_and_an_all_gather_share_only_where_they_fall_short():
+    """calibrate's measured all-to-all (k(p - k) messages through a node's link) and gloo all-gather (p - 1) become
+    the level's shares where they fall more than 5% short of the ring's; within 5%, nothing is kept."""
+    level = {"alpha_s": 0.0, "beta_s_per_byte": 8e-8, "transport": "measured", "efficiency": 0.9, "source": "m"}
+    got = {"all_to_all": [1 << 20, 3 * (1 << 20) * 8e-8 / 0.6], "all_gather": [1 << 20, 3 * (1 << 20) * 8e-8 / 0.88]}
+    kept = clusters.with_shares(level, got, {"all_to_all": 3, "all_gather": 3})
+    assert kept["all_to_all_efficiency"] == pytest.approx(0.6)
+    assert "all_gather_efficiency" not in kept and "1 MB messages (3 through a node's link)" in kept["source"]
+    assert clusters.with_shares(level, {}, {"all_to_all": 3}) == level

@@ -31,7 +31,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
 
-from ringexp.cluster.schema import EFFICIENCY, OVERLAP_SLOWDOWN, SOCKET_BPS, SOCKET_CHANNELS
+from ringexp.cluster.schema import (
+    CODEC_PASSES,
+    CODEC_SHARE,
+    EFFICIENCY,
+    HBM_BPS,
+    OVERLAP_SLOWDOWN,
+    POWERSGD_TENSOR_S,
+    SOCKET_BPS,
+    SOCKET_CHANNELS,
+    SOCKET_THREAD_BPS,
+    TOPOLOGY,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,24 @@ class Wire:
 NONE = Wire()
 
 
+def codec(cl, name: str) -> tuple:
+    """(encode, decode) seconds per float32 byte of compressor `name` on cluster `cl`: its file's, where it measured
+    them (calibrate does, every codec); else on a GPU cluster (nccl) the generation's, from its memory bandwidth
+    (schema.py CODEC_PASSES); else 0 (a CPU cluster's file that measured no such codec)."""
+    if name in cl.encode_s_per_byte or cl.backend != "nccl" or name not in CODEC_PASSES:
+        return cl.encode_s_per_byte.get(name, 0.0), cl.decode_s_per_byte.get(name, 0.0)
+    per = 1 / (CODEC_SHARE * HBM_BPS[cl.gpu_arch])
+    return tuple(passes * per for passes in CODEC_PASSES[name])
+
+
+def per_tensor_s(cl, name: str) -> float:
+    """What a compressor costs per compressed tensor beyond its bytes where the file measured nothing of it: on a
+    GPU cluster, PowerSGD's orthogonalisation and small matmuls (schema.py POWERSGD_TENSOR_S)."""
+    if name != "powersgd" or name in cl.encode_s_per_byte or cl.backend != "nccl":
+        return 0.0
+    return POWERSGD_TENSOR_S[cl.gpu_arch]
+
+
 def ranks(cl) -> int:
     return cl.nodes * cl.ranks_per_node
 
@@ -52,14 +81,18 @@ def ranks(cl) -> int:
 
 
 def efficiency(link) -> float:
-    """The share of line rate a level's transport reaches: its own `efficiency`, else its transport's (schema.py
-    EFFICIENCY), a socket's from its streams: 1 / (1 + line rate / (streams x ceiling)), schema.py SOCKET_BPS."""
+    """The share of line rate a level's transport reaches: its own `efficiency`, else its topology's (schema.py
+    TOPOLOGY), else its transport's (EFFICIENCY), a socket's from its streams, 1 / (1 + line rate / (streams x
+    ceiling)) (schema.py SOCKET_BPS), at most what its CPU threads move (socket_threads x SOCKET_THREAD_BPS)."""
     if link.efficiency is not None:
         return link.efficiency
+    if link.topology:
+        return TOPOLOGY[link.transport][link.topology]
     if link.transport != "socket":
         return EFFICIENCY[link.transport]
     streams = link.streams or SOCKET_CHANNELS
-    return 1 / (1 + 1 / (link.beta_s_per_byte * streams * (link.socket_Bps or SOCKET_BPS)))
+    flows = 1 / (1 + 1 / (link.beta_s_per_byte * streams * (link.socket_Bps or SOCKET_BPS)))
+    return min(flows, (link.socket_threads or 1.0) * SOCKET_THREAD_BPS * link.beta_s_per_byte)
 
 
 def beta(link, share: float | None = None) -> float:
@@ -68,9 +101,9 @@ def beta(link, share: float | None = None) -> float:
     return link.beta_s_per_byte / (share or efficiency(link))
 
 
-def hop(link, nbytes: float) -> float:
-    """One message over one link: alpha + n beta."""
-    return link.alpha_s + nbytes * beta(link)
+def hop(link, nbytes: float, share: float | None = None) -> float:
+    """One message over one link: alpha + n beta (at `share` of line rate where given)."""
+    return link.alpha_s + nbytes * beta(link, share)
 
 
 def crossing(link, nbytes: float) -> float:
@@ -79,7 +112,7 @@ def crossing(link, nbytes: float) -> float:
     reaches 0.86 of the rate and the all-to-all's 4 concurrent flows per node 0.63 (ringexp.bench, 2 x 2 at 2.5 and
     10 MB, docs/results/averaging-story.md): flows started together through a shallow queue (tbf's 100 ms, 312 KB)
     overflow it and lose time to retransmission, TCP incast (Phanishayee et al., FAST 2008)."""
-    return link.alpha_s + nbytes * beta(link, link.all_to_all_efficiency)
+    return hop(link, nbytes, link.all_to_all_efficiency)
 
 
 def call(cl, took_s: float) -> float:
@@ -161,10 +194,13 @@ def ring_s(cl, n: float, members: int, step, wire: Wire = NONE, reduced: float |
     return together(cl, 2 * (members - 1) * step(wire.ratio * n / members), compute, segments)
 
 
-def ring_gather_s(cl, payload: float, n: float, wire: Wire) -> float:
+def ring_gather_s(cl, payload: float, n: float, wire: Wire, share: float | None = None) -> float:
     """All-gather of one `payload` (bytes) per rank round a ring of every rank, then every payload decoded into
-    an n-byte float32 buffer [T]: p-1 steps of one payload."""
-    return (ranks(cl) - 1) * slowest_hop(cl, payload) + ranks(cl) * n * wire.decode + n * wire.encode
+    an n-byte float32 buffer [T]: p-1 steps of one payload, the node link's at `share` of its line rate where given
+    (gloo's builtin all-gather: its link's all_gather_efficiency)."""
+    step = max(hop(cl.intra, payload) if cl.ranks_per_node > 1 else 0.0,
+               hop(cl.inter, payload, share) if cl.nodes > 1 else 0.0)
+    return (ranks(cl) - 1) * step + ranks(cl) * n * wire.decode + n * wire.encode
 
 
 def root_gather_s(cl, payload: float, n: float, wire: Wire) -> float:

@@ -61,11 +61,24 @@ def socket_streams(env: dict, streams: int) -> int:
         return nccl_count(env.get(key, default))
 
     own = max(1, streams // SOCKET_CHANNELS) if streams else 1  # the cluster's sockets per connection
-    channels = max(min(SOCKET_CHANNELS, count("NCCL_MAX_NCHANNELS", SOCKET_CHANNELS)), count("NCCL_MIN_NCHANNELS", 0))
     sockets = own
     if "NCCL_SOCKET_NTHREADS" in env or "NCCL_NSOCKS_PERTHREAD" in env:
         sockets = max(1, count("NCCL_SOCKET_NTHREADS", 0) * count("NCCL_NSOCKS_PERTHREAD", 1))
-    return channels * sockets
+    return channels(env) * sockets
+
+
+def channels(env: dict) -> int:
+    """NCCL's channels over one NIC with a run's `env`: SOCKET_CHANNELS, at most NCCL_MAX_NCHANNELS, then at least
+    NCCL_MIN_NCHANNELS."""
+    most = nccl_count(env.get("NCCL_MAX_NCHANNELS", SOCKET_CHANNELS))
+    return max(min(SOCKET_CHANNELS, most), nccl_count(env.get("NCCL_MIN_NCHANNELS", 0)))
+
+
+def socket_threads(env: dict, threads):
+    """The CPU threads moving one direction of a node's socket traffic with a run's `env`: NCCL_SOCKET_NTHREADS
+    helper threads on each channel's connection (src/transport/net_socket.cc), else the cluster's `threads`."""
+    helpers = nccl_count(env.get("NCCL_SOCKET_NTHREADS", 0))
+    return channels(env) * helpers if helpers else threads
 
 
 @contextlib.contextmanager

@@ -17,6 +17,22 @@ from ringexp.config import NCCL_MAX, nccl_list_error, need
 # - socket: no fixed share; its TCP streams' (SOCKET_BPS below, socket_share);
 # - measured 1.0: a level whose beta calibrate measured already has it.
 EFFICIENCY = {"measured": 1.0, "nvlink": 0.80, "pcie": 0.44, "rdma": 0.94, "socket": None}
+# Where a level states its topology (`topology`), the share follows from it instead: NCCL itself takes P2P and
+# GPUDirect RDMA no further than a PCIe switch (src/graph/paths.cc: p2pLevel and netGdrLevel PATH_PXB, "don't use
+# P2P across CPU Host Bridges"), so past one the bytes are staged through host memory (docs/plan.md):
+# - pcie switch 0.72: GPUs under one PCIe switch, P2P: "12 GB/s (PCI Gen 3 switch)" of 15.75 (NVIDIA, nccl#766;
+#   nccl#406 "12GB/s instead of 9 or 6"), 4 L40S on one switch 22 of 31.5 (nccl#1202); NCCL's own PCIe model
+#   gives 0.76 (src/graph/topo.cc, width x rate / 80);
+# - pcie root_complex 0.40: through the CPU, one socket: "6 GB/s (Gen 3 CPU)" of 15.75 (nccl#766), shared memory
+#   within a NUMA node 24 of 63 (nccl#1130), 8 GPUs without P2P 28 of 63 (nccl#1639);
+# - pcie cross_socket 0.30: a ring crossing the CPUs' link: 2 L4 on two sockets 9.7 of 31.5 (nccl#1358); NCCL's
+#   inter-socket figures 10 GB/s (Skylake) and 22 (Sapphire Rapids) of 31.5 and 63 (src/graph/topo.h SKL_QPI_BW,
+#   SRP_QPI_BW);
+# - rdma gdr 0.94: the NIC on the GPU's PCIe switch with GPUDirect RDMA (the transport's own share above);
+# - rdma host 0.64: the NIC behind the CPU, or no GPUDirect: "If the NIC is attached to the CPU getting 16 GB/s is
+#   normal" of 25 (NVIDIA, nccl#412), 6 of 12.5 without GPUDirect (nccl#465).
+TOPOLOGY = {"pcie": {"switch": 0.72, "root_complex": 0.40, "cross_socket": 0.30},
+            "rdma": {"gdr": 0.94, "host": 0.64}}
 # How a level's bytes travel (a cluster file's `transport`): each has its documented share of line rate above;
 # "measured" is a level whose beta calibrate measured, so it already includes it.
 TRANSPORTS = tuple(EFFICIENCY)
@@ -33,6 +49,14 @@ TRANSPORTS = tuple(EFFICIENCY)
 # many sockets sets the pace (nccl-tests#83: NCCL's rate is the slowest socket's times their number), which the
 # rule leaves out.
 SOCKET_BPS = 4.5e9
+# ... and the CPU threads that move the bytes bound it too. Since NCCL 2.4.2 a rank's one proxy thread drives every
+# channel's sockets (src/proxy.cc ncclProxyProgress; "Each GPU has a network thread", nccl#518), and from 2.5.6 no
+# helper thread is started on a plain NIC ("By default, we only use the main thread", net_socket.cc
+# ncclNetSocketGetNsockNthread): more streams add no thread. nccl#209's rings on 2.4.2 gave 1.85, 1.95, 1.73, 1.45
+# GB/s with 1-8 of them, where 2.3.7's thread per ring reached 2.06-3.75: one thread moves about SOCKET_THREAD_BPS
+# a direction. A level's `socket_threads` says how many move one direction of a node's traffic (null: 1, the
+# ring entering a node on one rank's thread and leaving on another's, nccl#398).
+SOCKET_THREAD_BPS = 3.8e9
 SOCKET_BPS_MAX = 1e12  # a stream's ceiling past a terabyte a second is no ceiling (a file's range)
 SOCKET_CHANNELS = 2  # NCCL's channels over one NIC by default (above)
 # How much slower a GPU's compute runs while NCCL's kernels run beside it (they take SMs, and 2-3x their rate of
@@ -42,6 +66,21 @@ SOCKET_CHANNELS = 2  # NCCL's channels over one NIC by default (above)
 # same. A CPU cluster's calibrated compute_slowdown already holds its communication's share of the cores (0 here).
 OVERLAP_SLOWDOWN = {"volta": 0.189, "ampere": 0.189, "hopper": 0.189}
 GPU_ARCHS = ("volta", "ampere", "hopper")  # NCCL's low-latency protocols' bandwidth caps differ by generation
+# A GPU codec's cost where a cluster file measures none (a datasheet cluster; calibrate measures its own): an
+# elementwise codec moves `passes` bytes per float32 byte at 0.75 of the GPU's memory bandwidth (HBM_BPS: V100 SXM2
+# 900 GB/s, A100 40 GB 1,555, H100 SXM 3,350, the datasheets), as this project's codecs did on an H200: fp16
+# encode 0.425 ps per byte where 1.5 passes at 0.75 of 4.8 TB/s give 0.42 (docs/results/gpu.md). Passes (encode,
+# decode and add), as the kernels touch memory: a cast reads 4 and writes 2 bytes (1.5), its decode reads 2 and
+# 4 and writes 4 (2.5); int8 1.25 and 2.25; sign a pass for its scale besides (2.03 both); top-k's radix select
+# and compaction about 10 casts (15; DGC's sampled threshold measured 10x a cast on the H200, the decode a
+# scatter of k values); random-k by a shared seed a gather and its error feedback (3, 1); PowerSGD about 9 passes
+# (error feedback 3, P = MQ, Q = M^T P, M ~ PQ^T, the new error 3) plus POWERSGD_TENSOR_S per compressed tensor:
+# its orthogonalisation (torch.linalg.qr: 85-118 us a call, pytorch/pytorch#76673) and small matmuls, eager.
+HBM_BPS = {"volta": 900e9, "ampere": 1555e9, "hopper": 3350e9}
+CODEC_PASSES = {"fp16": (1.5, 2.5), "bf16": (1.5, 2.5), "int8": (1.25, 2.25), "sign": (2.03, 2.03),
+                "topk": (15.0, 0.0), "randomk": (3.0, 1.0), "powersgd": (9.0, 0.0)}
+CODEC_SHARE = 0.75
+POWERSGD_TENSOR_S = {"volta": 150e-6, "ampere": 120e-6, "hopper": 100e-6}
 
 
 def bytes_per_s(rate: str) -> float | None:
@@ -61,11 +100,18 @@ class LinkConfig:
     beta_s_per_byte: float = 1e-9  # seconds per byte at line rate: 1 / bandwidth (inter: of a node's whole link)
     source: str = ""  # where the two numbers come from
     transport: str = "measured"  # one of TRANSPORTS
-    efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the transport's default)
+    efficiency: Optional[float] = None  # share of line rate the transport reaches (null: the topology's, else
+    # the transport's default)
+    topology: str = ""  # pcie: switch, root_complex or cross_socket; rdma: gdr or host (TOPOLOGY; "": not stated)
     streams: int = 0  # socket: TCP streams each way over a node's link (0: NCCL's default, SOCKET_CHANNELS x 1)
     socket_Bps: Optional[float] = None  # socket: one stream's ceiling, bytes/s (null: SOCKET_BPS)
+    socket_threads: Optional[float] = None  # socket: CPU threads moving one direction of a node's traffic (null:
+    # 1, NCCL 2.4.2 on; 0.5 where one rank a node sends and receives on its one proxy thread; NCCL before 2.4 ran
+    # a thread per stream: its streams; NCCL_SOCKET_NTHREADS: channels x threads)
     all_to_all_efficiency: Optional[float] = None  # the share an all-to-all reaches, every rank's messages at once
     # (null: efficiency's): measured where it differs, as on a shaped TCP link (costmodel.all_to_all_s)
+    all_gather_efficiency: Optional[float] = None  # the share gloo's builtin all-gather reaches (null: efficiency's):
+    # at 2 ranks gloo's ring posts its send to the one peer before the receive from it, and the two ways take turns
     tail_s: float = 0.0  # what a collective crossing this level pays on average beyond its median: a loss at a
     # flow's end recovered by a timeout on a shallow shaped queue (the bench's mean minus median; costmodel.call)
     queue_s: float = 0.0  # the queue's length in seconds of the link: only a call that outlasts it pays tail_s
@@ -116,17 +162,24 @@ class ClusterConfig:
                  "must be >= 0 and at most 60 seconds")
             need(link.transport in TRANSPORTS, f"cluster.{level}.transport", link.transport,
                  f"choose one of {', '.join(TRANSPORTS)}")
+            kinds = TOPOLOGY.get(link.transport, {})
+            need(not link.topology or link.topology in kinds, f"cluster.{level}.topology", link.topology,
+                 f"choose one of {', '.join(kinds)} for transport {link.transport}" if kinds else
+                 f"only a pcie or rdma level states a topology (this one is {link.transport}): leave it empty")
             need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
                  "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
             for key in ("tail_s", "queue_s"):
                 need(0 <= getattr(link, key) <= 60, f"cluster.{level}.{key}", getattr(link, key),
                      "must be in [0, 60] seconds")
-            need(link.all_to_all_efficiency is None or 0 < link.all_to_all_efficiency <= 1,
-                 f"cluster.{level}.all_to_all_efficiency", link.all_to_all_efficiency,
-                 "must be in (0, 1]: the share of line rate an all-to-all reaches (null: the level's efficiency)")
+            for key in ("all_to_all_efficiency", "all_gather_efficiency"):
+                need(getattr(link, key) is None or 0 < getattr(link, key) <= 1, f"cluster.{level}.{key}",
+                     getattr(link, key), f"must be in (0, 1]: the share of line rate an {key.split('_eff')[0]} "
+                     "reaches (null: the level's efficiency)")
             most = NCCL_MAX["NCCL_MAX_NCHANNELS"] * NCCL_MAX["sockets"]
             need(0 <= link.streams <= most, f"cluster.{level}.streams", link.streams,
                  f"must be in [0, {most}] (NCCL's channels x sockets per connection; 0: NCCL's default)")
+            need(link.socket_threads is None or 0.5 <= link.socket_threads <= most, f"cluster.{level}.socket_threads",
+                 link.socket_threads, f"must be in [0.5, {most}] (null: NCCL's one proxy thread a direction)")
             need(link.socket_Bps is None or 1e3 <= link.socket_Bps <= SOCKET_BPS_MAX, f"cluster.{level}.socket_Bps",
                  link.socket_Bps, f"must be a finite number of bytes per second in [1e3, {SOCKET_BPS_MAX:g}] (null: "
                  "SOCKET_BPS)")

@@ -331,10 +331,10 @@ def _two_phase_bytes(c, algorithm: str, numel: int, n: int, layout, options: dic
 
 
 def wire_of(cl, c, numel: int, layout=None) -> costmodel.Wire:
-    """Compressor config `c` as the cost model's Wire: its payload size once warm, its codec costs from cluster
-    `cl`'s file (seconds per float32 byte)."""
+    """Compressor config `c` as the cost model's Wire: its payload size once warm, its codec costs on cluster `cl`
+    (seconds per float32 byte: its file's, else a GPU generation's, costmodel.codec)."""
     ratio = payload_bytes(c, numel, layout) / (4 * numel) if numel else 1.0
-    return costmodel.Wire(ratio, cl.encode_s_per_byte.get(c.name, 0.0), cl.decode_s_per_byte.get(c.name, 0.0))
+    return costmodel.Wire(ratio, *costmodel.codec(cl, c.name))
 
 
 def seconds(cl, c, algorithm: str, shapes, **options) -> float:
@@ -360,8 +360,10 @@ def seconds(cl, c, algorithm: str, shapes, **options) -> float:
         p = costmodel.ranks(cl)
         return costmodel.call(cl, nccl.seconds(cl, "allgather", p * wire.ratio * n) + p * n * wire.decode +
                               n * wire.encode)
-    gather = costmodel.root_gather_s if algorithm == "naive" else costmodel.ring_gather_s
-    return costmodel.call(cl, gather(cl, wire.ratio * n, n, wire))
+    if algorithm == "naive":
+        return costmodel.call(cl, costmodel.root_gather_s(cl, wire.ratio * n, n, wire))
+    share = cl.inter.all_gather_efficiency if algorithm == "builtin" else None  # (ringexp's ring: the ring's)
+    return costmodel.call(cl, costmodel.ring_gather_s(cl, wire.ratio * n, n, wire, share))
 
 
 WHERE = {"inter": {"scope": "inter_node"}, "two_phase": {"collective": "two_phase"},

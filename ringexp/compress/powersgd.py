@@ -9,6 +9,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from ringexp import comm
+from ringexp.cluster import costmodel
 from ringexp.timing import median_time
 
 WIRE = False
@@ -120,8 +121,10 @@ def wire_numel(shapes, c) -> int:
 def seconds(cl, c, shapes) -> float:
     """Predicted time of one bucket of `shapes` on cluster `cl` [Vogels et al. 2019]: PyTorch's hook all-reduces
     (builtin) the uncompressed vectors, then P and Q (three all-reduces; the model counts their bytes in one and
-    the latency of all three), plus its own arithmetic at the cluster's cost per float32 byte."""
-    arithmetic = 4 * sum(s.numel() for s in shapes) * cl.encode_s_per_byte.get(c.name, 0.0)
+    the latency of all three), plus its own arithmetic: the cluster's cost per float32 byte, and on a GPU cluster
+    that measured none its cost per compressed tensor (costmodel.codec, per_tensor_s)."""
+    arithmetic = 4 * sum(s.numel() for s in shapes) * costmodel.codec(cl, c.name)[0] + \
+        sum(compressed(s, c) for s in shapes) * costmodel.per_tensor_s(cl, c.name)
     return 2 * comm.seconds("builtin", cl, 0) + comm.seconds("builtin", cl, 4 * wire_numel(shapes, c)) + arithmetic
 
 

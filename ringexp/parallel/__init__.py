@@ -63,13 +63,15 @@ def step_cost(cl, cfg, shapes: list, compute: dict) -> dict:
     """The strategy's predicted step of `cfg` on cluster `cl` (comm_s, exposed_s, step_s), the samples/s of every
     rank together that follows, and NCCL's algorithms and protocols in it (`nccl`: '' on gloo). The run's
     NCCL_ALGO / NCCL_PROTO (backend.env) narrow NCCL's choice as they would NCCL's; its NCCL_SOCKET_NTHREADS,
-    NCCL_NSOCKS_PERTHREAD and channel counts set a socket link's streams (nccl.socket_streams)."""
+    NCCL_NSOCKS_PERTHREAD and channel counts set a socket link's streams and threads (nccl.socket_streams,
+    socket_threads)."""
     env = cfg.backend.env
     if "NCCL_ALGO" in env or "NCCL_PROTO" in env:  # (the planner and the tune call this for every candidate)
         cl = dataclasses.replace(cl, nccl_algo=env.get("NCCL_ALGO", cl.nccl_algo),
                                  nccl_proto=env.get("NCCL_PROTO", cl.nccl_proto))
     if cl.backend == "nccl" and (streams := nccl.socket_streams(env, cl.inter.streams)) != cl.inter.streams:
-        cl = dataclasses.replace(cl, inter=dataclasses.replace(cl.inter, streams=streams))
+        cl = dataclasses.replace(cl, inter=dataclasses.replace(
+            cl.inter, streams=streams, socket_threads=nccl.socket_threads(env, cl.inter.socket_threads)))
     with nccl.recording() as chose:
         out = STRATEGIES[cfg.parallel.strategy].step_cost(cl, cfg, shapes, compute)
     return out | {"samples_s": World.of_cluster(cl).ranks * cfg.accumulation.steps * cfg.data.batch_size

@@ -6,6 +6,9 @@ accuracy` can predict every case under every combination and choose the rules ag
 import dataclasses
 import itertools
 
+from ringexp.cluster.schema import CODEC_PASSES
+from ringexp.config import NCCL_MAX
+
 
 def same(cl):
     return cl
@@ -35,6 +38,27 @@ def socket_share(cl):
     return dataclasses.replace(cl, **fixed)
 
 
+def streams_only(cl):
+    """A socket level's bandwidth from its streams alone, as many CPU threads as it needs (the rule before)."""
+    free = {level: dataclasses.replace(getattr(cl, level), socket_threads=NCCL_MAX["NCCL_MAX_NCHANNELS"] *
+                                       NCCL_MAX["sockets"]) for level in ("intra", "inter")
+            if getattr(cl, level).transport == "socket"}
+    return dataclasses.replace(cl, **free)
+
+
+def no_topology(cl):
+    """Every level at its transport's one share, whatever topology it states (the model's rule before topologies)."""
+    return dataclasses.replace(cl, **{level: dataclasses.replace(getattr(cl, level), topology="")
+                                      for level in ("intra", "inter")})
+
+
+def free_codec(cl):
+    """A codec a GPU cluster's file does not measure at no cost (the model's rule before the generations' costs)."""
+    zero = dict.fromkeys(CODEC_PASSES, 0.0)
+    return dataclasses.replace(cl, encode_s_per_byte=zero | cl.encode_s_per_byte,
+                               decode_s_per_byte=zero | cl.decode_s_per_byte)
+
+
 def not_slowed(cl):
     return dataclasses.replace(cl, overlap_slowdown=0.0)
 
@@ -44,7 +68,10 @@ RULES = {
     "per-bucket cost": {"on the training thread": same, "none": no_bucket_cost},
     "NCCL's all-reduce": {"NCCL's choice": same, "ring, Simple": ring_only},
     "bandwidth": {"each transport's share": same, "line rate (but sockets)": line_rate},
-    "socket bandwidth": {"streams x ceiling": same, "half of line rate": socket_share},
+    "socket bandwidth": {"streams and threads": same, "streams x ceiling": streams_only,
+                         "half of line rate": socket_share},
+    "links by topology": {"the topology's share": same, "one share per transport": no_topology},
+    "GPU codec": {"the generation's cost": same, "free": free_codec},
     "compute beside communication": {"slowed": same, "not slowed": not_slowed},
 }
 
