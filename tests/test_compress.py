@@ -215,3 +215,20 @@ def test_sign_keeps_one_scale_per_parameter_of_a_bucket():
     payload = compress.sign.encode(x, c, ctx)
     assert payload.numel() == compress.sign.nbytes(15, c, ctx) == 2 * 4 + 2
     assert torch.allclose(compress.sign.decode(payload, 15, c, ctx), x)
+
+
+@pytest.mark.parametrize("numel", [1, 7, 70_000, 300_001])
+def test_top_k_s_copy_into_writes_what_its_decode_returns_over_whatever_was_there(numel):
+    """The two phases' decode into place (zero the slice, put the k values) gives the decode's very numbers,
+    NaN sent as NaN, whatever the slice held before."""
+    from types import SimpleNamespace
+
+    from ringexp.compress import topk
+    c, ctx = CompressionConfig(name="topk", ratio=0.01), SimpleNamespace(ratio=0.01, layout=None)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    x[numel // 2] = float("nan")
+    payload = topk.encode(x, c, ctx)
+    dst = torch.full((numel,), 3.0)
+    topk.copy_into(payload, dst, c)
+    assert torch.equal(dst.nan_to_num(nan=7.0), topk.decode(payload, numel, c, ctx).nan_to_num(nan=7.0))
+    assert dst.isnan().sum() == 1

@@ -81,7 +81,7 @@ def test_a_flat_two_phase_exchange_sends_each_node_s_off_node_messages_through_i
     """int8 through the two phases, codec free: each phase posts every rank's p - 1 chunk payloads at once, so a
     node's link carries k(p - k) of them (one rank per node: p - 1; one node: each rank's p - 1 on its own link).
     Counting p - 1 at two ranks per node predicted the local cluster's int8 exchange 1.7x too fast."""
-    cl = rules.free_codec(dataclasses.replace(CL, nodes=nodes, ranks_per_node=k))  # (no GPU codec cost)
+    cl = rules.free_codec(dataclasses.replace(CL, nodes=nodes, ranks_per_node=k, add_s_per_byte=0.0))  # codec free
     p, c = nodes * k, CompressionConfig(name="int8")
     numel = int(N // 4)
     chunk = compress.wire_of(cl, c, numel, [numel]).ratio * N / p

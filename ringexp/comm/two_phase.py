@@ -108,5 +108,7 @@ def seconds(cl, coded: float, members: int, phase, wire: costmodel.Wire, through
     if members <= 1:
         return 0.0
     chunk = wire.ratio * (coded if through is None else through) / members
-    codec = coded * (wire.encode + wire.decode) + coded / members * wire.encode + coded * wire.decode
+    # each decode writes a dense float32 buffer, a memory pass at least (a sparse codec's own decode is k-bound)
+    dense = max(wire.decode, cl.add_s_per_byte)
+    codec = coded * (wire.encode + dense) + coded / members * wire.encode + coded * dense
     return 2 * phase(chunk) + codec

@@ -63,6 +63,14 @@ def add_into(payload, dst, c):
     return dst.index_add_(0, payload[4 * k:].view(torch.int32).long(), payload[: 4 * k].view(torch.float32))
 
 
+def copy_into(payload, dst, c):
+    """dst = this payload, in place: one pass zeroing dst and its k values put at their indices (decode then copy
+    allocated and zeroed a buffer and copied it: 6.9 ms where this takes about 2 for a 16 MB bucket's two chunks
+    on one core)."""
+    k = payload.numel() // 8
+    return dst.zero_().index_copy_(0, payload[4 * k:].view(torch.int32).long(), payload[: 4 * k].view(torch.float32))
+
+
 def decode(payload, numel: int, c, ctx):
     k = k_of(numel, ctx)
     x = torch.zeros(numel, dtype=torch.float32, device=payload.device)
