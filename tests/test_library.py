@@ -2,7 +2,6 @@
 gloo, Lightning on CPU) against the builtin all-reduce they replace."""
 
 import re
-import subprocess
 import sys
 import threading
 from contextlib import nullcontext
@@ -10,6 +9,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 from conftest import ROOT, train_steps, workers
+from conftest import torchrun as run_torchrun
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringexp
@@ -21,12 +21,7 @@ from ringexp.models import small_cnn
 def torchrun(tmp_path, nproc: int, script: str, *args: str) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(ROOT / "examples" / script), *args]
-    for _ in range(3):
-        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        # torch 2.14.1's gloo sometimes aborts a process at exit, after destroy_process_group, in a loop of plain
-        # torch with no ringexp in it too (1 run of 8, 2026-12-05): such a run is run again; any other failure not
-        if r.returncode == 0 or "terminate called without an active exception" not in r.stderr:
-            break
+    r = run_torchrun(cmd, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
