@@ -240,7 +240,7 @@ def plan_refusal(monkeypatch, capsys, args: list) -> str:
     return error_line(capsys.readouterr().err)
 
 
-def torchrun(cmd: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_torchrun(cmd: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
     """An external torchrun, run again where one of its processes aborted at exit: torch 2.14.1's gloo sometimes
     does, after destroy_process_group, in a loop of plain torch with no ringexp in it too (1 run of 8,
     2026-12-05; again in CI's external torchrun test, 2026-12-06). Any other failure is returned as it is."""

@@ -8,8 +8,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import ROOT, train_steps, workers
-from conftest import torchrun as run_torchrun
+from conftest import ROOT, run_torchrun, train_steps, workers
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringexp

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import history_and_summary, read_rows, read_summary, run_cli, torchrun
+from conftest import history_and_summary, read_rows, read_summary, run_cli, run_torchrun
 
 SUMMARY_FIELDS = {
     "status", "run_dir", "name", "group", "job_type", "strategy", "choices", "overrides", "world_size", "device",
@@ -124,7 +124,7 @@ def test_image_folder_data(tmp_path, tiny, image_folder):
 def test_external_torchrun_agrees_on_one_run_directory(tmp_path, tiny):
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
               "-m", "ringexp.train"]
-    r = torchrun([*prefix, *tiny, "logger.mode=disabled", "backend=gloo_loopback"], tmp_path, timeout=180)
+    r = run_torchrun([*prefix, *tiny, "logger.mode=disabled", "backend=gloo_loopback"], tmp_path, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
     assert len(runs) == 1, runs
