@@ -1,7 +1,7 @@
 """Inject every fault of issue 7 several times and tabulate: tries, recoveries as specified, the worst trial's time,
 what went wrong. Each trial is the corresponding test, run by pytest in a subprocess, so "recovered" means every
 assertion of that test held (how soon the job exits after the fault is one of them: a killed worker's job within
-tests/conftest.py's EXIT_WITHIN_S). Usage: .venv/bin/python scripts/fault_trials.py [TRIALS] [--slurm]
+tests/helpers/runs.py's EXIT_WITHIN_S). Usage: .venv/bin/python scripts/fault_trials.py [TRIALS] [--slurm]
 (TRIALS default 3; --slurm adds Slurm pre-emption, on the one-node Slurm of scripts/slurm_local.sh, which the
 test starts itself). pytest's own report goes to stderr, the table to stdout."""
 

@@ -6,7 +6,7 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import workers
+from helpers.processes import workers
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP

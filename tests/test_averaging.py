@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import KILL_CASES, TINY, kill_and_resume, reference_losses, run_cli, strategy_cfg, workers
+from helpers.processes import run_cli, workers
+from helpers.runs import KILL_CASES, TINY, kill_and_resume, reference_losses, strategy_cfg
 from torch import nn
 
 from ringexp import compress, parallel, records

@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, history_and_summary, read_summary, run_cli
+from helpers.processes import ROOT, run_cli
+from helpers.runs import TINY
+from helpers.wandb_log import history_and_summary
 from omegaconf import OmegaConf
 
 from ringexp import backend
 from ringexp.config import CONF_DIR, BackendConfig
 from ringexp.errors import ConfigError
+from ringexp.records import read_summary
 from ringexp.validate import compose_config
 
 PRESETS = sorted(p.stem for p in Path(CONF_DIR, "backend").glob("*.yaml"))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_OPEN, TINY, refused, run_cli
+from helpers.processes import ON_OPEN, refused, run_cli
+from helpers.runs import TINY
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, error_line, history_and_summary, run_cli, workers
+from helpers.processes import ROOT, error_line, run_cli, workers
+from helpers.wandb_log import history_and_summary
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ringexp import bench, records

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, read_summary
+from helpers.processes import ROOT
+from helpers.runs import TINY
 
 from ringexp.cluster import files as clusters
+from ringexp.records import read_summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc") and shutil.which("nsenter")),

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import workers
+from helpers.processes import workers
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

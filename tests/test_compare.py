@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, run_cli, within
+from helpers.processes import ROOT, run_cli, within
+from helpers.runs import TINY
 from omegaconf import OmegaConf
 
 from ringexp import compare, quality, records

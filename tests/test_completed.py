@@ -6,7 +6,8 @@ import json
 import shutil
 
 import pytest
-from conftest import TINY, error_line, run_cli
+from helpers.processes import error_line, run_cli
+from helpers.runs import TINY
 from hydra import compose, initialize_config_dir
 
 from ringexp import checkpoint

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import workers
+from helpers.processes import workers
 
 from ringexp import compress
 from ringexp import dist as rdist

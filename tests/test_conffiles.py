@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ON_OPEN, ROOT, TINY, error_line, refused
+from helpers.processes import ON_OPEN, ROOT, error_line, refused
+from helpers.runs import TINY
 
 from ringexp import conffiles
 from ringexp.errors import ConfigError

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, start_forkserver
+from helpers.processes import ROOT, start_forkserver
 
 TIMEOUT_S = 20
 

@@ -9,13 +9,15 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import read_rows, read_summary, run_cli, strategy_cfg, train_steps, workers
+from helpers.processes import run_cli, workers
+from helpers.runs import strategy_cfg, train_steps
 
 from ringexp import dist as rdist
 from ringexp import parallel
 from ringexp.config import AmpMode
 from ringexp.models import small_cnn
 from ringexp.optim import build_optimizer
+from ringexp.records import read_rows, read_summary
 
 
 def parity_worker(k: int):

@@ -10,7 +10,7 @@ from enum import Enum
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers.processes import run_cli
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from conftest import kill_and_resume, reference_losses, strategy_cfg
+from helpers.runs import kill_and_resume, reference_losses, strategy_cfg
 from torch import nn
 
 from ringexp import compress, parallel

@@ -7,7 +7,8 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import strategy_cfg, train_steps, workers
+from helpers.processes import workers
+from helpers.runs import strategy_cfg, train_steps
 from torch import nn
 
 from ringexp import comm, parallel

@@ -20,26 +20,13 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    ROOT,
-    RUN,
-    TINY,
-    alive,
-    descendants,
-    error_line,
-    read_rows,
-    read_summary,
-    refused,
-    run_cli,
-    start,
-    wait_for_step,
-    worker_pid,
-    workers,
-)
+from helpers.processes import ROOT, alive, descendants, error_line, refused, run_cli, worker_pid, workers
+from helpers.runs import RUN, TINY, start, wait_for_step
 from PIL import Image
 
 from ringexp import checkpoint
 from ringexp.data.image_folder import ImageFolderMultiLabel, image_folder_splits
+from ringexp.records import read_rows, read_summary
 from ringexp.validate import compose_config
 
 pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')

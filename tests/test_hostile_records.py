@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import ROOT, plan_refusal, within
+from helpers.processes import ROOT, plan_refusal, within
 
 from ringexp import bench, compare, metrics, quality, records
 from ringexp.cluster import files as clusters

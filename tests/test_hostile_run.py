@@ -9,13 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import TINY, error_line, make_image_folder, read_rows, read_summary, refused, run_cli
+from helpers.processes import error_line, refused, run_cli
+from helpers.runs import TINY, make_image_folder
 from PIL import Image
 
 from ringexp import backend
 from ringexp.config import BackendConfig
 from ringexp.data.image_folder import ImageFolderMultiLabel, read_labels
 from ringexp.errors import DataError
+from ringexp.records import read_rows, read_summary
 from ringexp.validate import compose_config
 
 

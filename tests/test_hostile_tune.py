@@ -15,17 +15,8 @@ import sys
 import time
 
 import pytest
-from conftest import (
-    ROOT,
-    TINY,
-    alive,
-    descendants,
-    error_line,
-    run_module,
-    start_module,
-    train_command,
-    within,
-)
+from helpers.processes import ROOT, alive, descendants, error_line, run_module, start_module, train_command, within
+from helpers.runs import TINY
 
 from ringexp import records
 from ringexp.cluster import files as clusters

@@ -5,7 +5,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from conftest import make_image_folder
+from helpers.runs import make_image_folder
 
 from ringexp.data.image_folder import read_labels
 from ringexp.errors import DataError

@@ -8,7 +8,8 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import ROOT, run_torchrun, train_steps, workers
+from helpers.processes import ROOT, run_torchrun, workers
+from helpers.runs import train_steps
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ringexp

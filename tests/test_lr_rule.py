@@ -7,7 +7,9 @@ import math
 import time
 
 import pytest
-from conftest import TINY, error_line, history_and_summary, read_rows, read_summary, refused, run_cli
+from helpers.processes import error_line, refused, run_cli
+from helpers.runs import TINY
+from helpers.wandb_log import history_and_summary
 
 from ringexp import parallel
 from ringexp.compare import cells, load_local, report
@@ -15,6 +17,7 @@ from ringexp.compare.table import columns, table
 from ringexp.config import LrRule, OptimName
 from ringexp.errors import ConfigError
 from ringexp.optim import base_lr, lr_factor
+from ringexp.records import read_rows, read_summary
 from ringexp.tune import trials
 from ringexp.validate import compose_config
 

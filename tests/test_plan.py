@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, error_line, plan_refusal, workers
+from helpers.processes import ROOT, error_line, plan_refusal, workers
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -11,7 +11,8 @@ import sys
 import time
 
 import pytest
-from conftest import plan_refusal, published_cases
+from helpers.processes import plan_refusal
+from helpers.runs import published_cases
 
 from ringexp.plan import heldout, rules
 from ringexp.plan.cli import main

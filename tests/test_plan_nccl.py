@@ -10,7 +10,8 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, plan_refusal, published_cases
+from helpers.processes import ROOT, plan_refusal
+from helpers.runs import published_cases
 
 from ringexp import comm, compress, parallel
 from ringexp.cluster import costmodel, nccl

@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from conftest import plan_refusal, published_cases
+from helpers.processes import plan_refusal
+from helpers.runs import published_cases
 
 from ringexp import parallel
 from ringexp.cluster import costmodel, nccl

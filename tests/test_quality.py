@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, workers
+from helpers.processes import workers
+from helpers.runs import TINY
 from scipy import stats
 
 from ringexp import compare, quality

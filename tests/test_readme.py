@@ -5,7 +5,8 @@ import re
 import shlex
 
 import pytest
-from conftest import ROOT, make_image_folder
+from helpers.processes import ROOT
+from helpers.runs import make_image_folder
 from hydra import compose, initialize_config_dir
 
 from ringexp.config import CONF_DIR

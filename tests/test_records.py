@@ -9,7 +9,8 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TINY, workers
+from helpers.processes import ROOT, workers
+from helpers.runs import TINY
 from torch import nn
 
 from ringexp import dist as rdist
@@ -48,7 +49,7 @@ SPREAD = ("median", "p10", "p90", "min", "max")
 METRICS = ("auroc_macro", "auroc_micro", "f1_macro", "f1_micro", "loss")
 # their keys are the run's: only their own type is fixed
 OPEN = {"choices", "overrides", "backend_env", "versions", "task"}
-# Recorder.summary's part of a real 2-worker run of TINY (tests/conftest.py), as written before summary() was built
+# Recorder.summary's part of a real 2-worker run of TINY (tests/helpers/runs.py), as written before summary() was built
 # from parts: a dotted key lies inside the mapping before it.
 SUMMARY_SHAPE = {
     **typed("str", "status", "run_dir", "name", "group", "job_type", "strategy"), "choices": "dict",

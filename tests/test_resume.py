@@ -3,7 +3,7 @@ process behind and keeps the last checkpoint; `resume=auto` then continues with 
 that was never interrupted."""
 
 import pytest
-from conftest import KILL_CASES, kill_and_resume, reference_losses
+from helpers.runs import KILL_CASES, kill_and_resume, reference_losses
 
 
 @pytest.fixture(scope="module")

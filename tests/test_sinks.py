@@ -6,7 +6,7 @@ import os
 
 import pytest
 import wandb
-from conftest import history_and_summary
+from helpers.wandb_log import history_and_summary
 
 from ringexp import records
 from ringexp.config import TrainConfig, plain

@@ -7,7 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, read_rows, read_summary
+from helpers.processes import ROOT
+from helpers.runs import TINY
+
+from ringexp.records import read_rows, read_summary
 
 pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')
 

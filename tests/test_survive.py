@@ -9,12 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import RUN, TINY, error_line, read_rows, read_summary, run_cli, start, wait_for_step, worker_pid
+from helpers.processes import error_line, run_cli, worker_pid
+from helpers.runs import RUN, TINY, start, wait_for_step
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
 from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError
+from ringexp.records import read_rows, read_summary
 from ringexp.train import prepare
 
 pytestmark = pytest.mark.slow  # real runs of the CLI (the fast tier is -m 'not slow')

@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY, read_rows, read_summary, run_cli, strategy_cfg, wandb_records, workers
+from helpers.processes import run_cli, workers
+from helpers.runs import TINY, strategy_cfg
+from helpers.wandb_log import wandb_records
 
 from ringexp import comm, timing
 from ringexp.launch import run_worker
 from ringexp.parallel import STRATEGIES
+from ringexp.records import read_rows, read_summary
 from ringexp.timing import union_length, verdict
 from ringexp.validate import compose_config
 

@@ -7,7 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import history_and_summary, read_rows, read_summary, run_cli, run_torchrun
+from helpers.processes import run_cli, run_torchrun
+from helpers.runs import TINY
+from helpers.wandb_log import history_and_summary
+
+from ringexp.records import read_rows, read_summary
 
 SUMMARY_FIELDS = {
     "status", "run_dir", "name", "group", "job_type", "strategy", "choices", "overrides", "world_size", "device",
@@ -23,8 +27,6 @@ ROW_FIELDS = {"train/loss", "train/lr", "train/samples_per_s", "train/step_time_
 def default_run(tmp_path_factory):
     """One 2-process run with offline W&B, shared by the tests that read its records."""
     run_dir = tmp_path_factory.mktemp("default") / "run"
-    from conftest import TINY
-
     r = run_cli(run_dir, *[o for o in TINY if not o.startswith("steps")], "steps=20", "name=e2e", "logger=wandb")
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
@@ -83,7 +85,7 @@ def test_amp_runs_finish_on_cpu(amp, tmp_path, tiny):
 
 @pytest.mark.slow
 def test_a_run_forked_from_the_warm_interpreter_trains_as_a_fresh_one(tmp_path, tiny, monkeypatch):
-    """Most of the suite's runs are forked from tests/zygote.py's warm interpreter: the same losses, final metrics
+    """Most of the suite's runs are forked from tests/helpers/zygote.py's warm interpreter: the same losses, final metrics
     and bytes on the wire, bit for bit, as a fresh `python -m ringexp.train`."""
     forked = run_cli(tmp_path / "forked", *tiny, "+parallel=ring_fp16")
     monkeypatch.setenv("RINGEXP_TEST_FRESH", "1")

@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import TINY, start_module, train_command
+from helpers.processes import start_module, train_command
+from helpers.runs import TINY
 from hydra import compose, initialize_config_dir
 
 from ringexp import conffiles, parallel, records

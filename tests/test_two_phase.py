@@ -9,7 +9,8 @@ import signal
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import RUN, losses, run_cli, start, strategy_cfg, wait_for_step, workers
+from helpers.processes import run_cli, workers
+from helpers.runs import RUN, losses, start, strategy_cfg, wait_for_step
 from torch import nn
 
 import ringexp

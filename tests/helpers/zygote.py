@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 MODULE = "ringexp.train"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _server = None
 
 
