@@ -85,8 +85,8 @@ def test_amp_runs_finish_on_cpu(amp, tmp_path, tiny):
 
 @pytest.mark.slow
 def test_a_run_forked_from_the_warm_interpreter_trains_as_a_fresh_one(tmp_path, tiny, monkeypatch):
-    """Most of the suite's runs are forked from tests/helpers/zygote.py's warm interpreter: the same losses, final metrics
-    and bytes on the wire, bit for bit, as a fresh `python -m ringexp.train`."""
+    """Most of the suite's runs are forked from tests/helpers/zygote.py's warm interpreter: the same losses, final
+    metrics and bytes on the wire, bit for bit, as a fresh `python -m ringexp.train`."""
     forked = run_cli(tmp_path / "forked", *tiny, "+parallel=ring_fp16")
     monkeypatch.setenv("RINGEXP_TEST_FRESH", "1")
     fresh = run_cli(tmp_path / "fresh", *tiny, "+parallel=ring_fp16")
