@@ -8,7 +8,7 @@
     smallest_level(seeds, margin)               the level below which no paired seeds could be called equivalent
     task_of(cfg, world_size)                    what a verdict was measured on (a record holds it: the planner uses a
                                                 verdict only for the same task)
-    read_record(path)                           quality.json (compare.groups' Report.write), every verdict checked
+    read_record(path)                           quality.json (verdicts.groups' Report.write), every verdict checked
 
 Equivalent means the equivalence interval, at level 1 - 2 alpha (90% at alpha = 5%), lies inside (-margin, +margin):
 both one-sided tests reject at alpha (Schuirmann's TOST). A program that takes the first equivalent of k candidates
@@ -236,7 +236,7 @@ def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margi
 
 
 def read_record(path) -> dict:
-    """quality.json as compare writes it (compare.groups' Report.write: {"format", "task", "margin", "metric",
+    """quality.json as compare writes it (verdicts.groups' Report.write: {"format", "task", "margin", "metric",
     "groups": [{"group", "baseline", "overrides", "seeds", "left_out", "verdicts": {metric: Verdict.record() or
     null}, ...}]}), every group and verdict checked (record_error): the one reader of the file (the planner's
     quality=). OSError, or ValueError naming the group and the entry. `path` is the one the user named (quality=):

@@ -20,7 +20,9 @@ from helpers.runs import TINY
 from omegaconf import OmegaConf
 
 from ringexp import compare, quality, records
-from ringexp.compare import cells, groups, load_local, report, unflatten
+from ringexp.compare import report
+from ringexp.verdicts import cells, groups
+from ringexp.verdicts.load import YAML_LIMIT, load_local, unflatten
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -193,7 +195,7 @@ BROKEN = {
                                           "nested more than 32 deep"),
     "overrides-yaml-aliases": (failed_before_it_started(ALIASES), OVERRIDES, "a YAML alias (*name)"),
     "overrides-yaml-too-big": (failed_before_it_started("- steps=1\n" * 10000), OVERRIDES,
-                                  f"more than the {compare.YAML_LIMIT} bytes"),
+                                  f"more than the {YAML_LIMIT} bytes"),
 }
 
 

@@ -12,7 +12,7 @@ from helpers.runs import TINY
 from helpers.wandb_log import history_and_summary
 
 from ringexp import parallel
-from ringexp.compare import cells, load_local, report
+from ringexp.compare import report
 from ringexp.compare.table import columns, table
 from ringexp.config import LrRule, OptimName
 from ringexp.errors import ConfigError
@@ -20,6 +20,8 @@ from ringexp.optim import base_lr, lr_factor
 from ringexp.records import read_rows, read_summary
 from ringexp.tune import trials
 from ringexp.validate import compose_config
+from ringexp.verdicts import cells
+from ringexp.verdicts.load import load_local
 
 # (rule, optimizer, factor) for one update on 4 times plain DDP's samples (accumulation 4), and on half of them (a
 # replica that updates on half the ranks' samples, as a periodic-averaging strategy's does)

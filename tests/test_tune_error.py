@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from ringexp import quality
-from ringexp.compare.groups import Group
 from ringexp.errors import ConfigError
 from ringexp.tune import verify
 from ringexp.tune.config import TuneConfig
+from ringexp.verdicts.groups import Group
 
 SD = 0.008  # paired difference between a candidate's and the baseline's final AUROC on one seed
 SEED_SD = 0.01  # the baseline's own seed-to-seed spread (the pairing takes it out)

@@ -11,9 +11,9 @@ the other runs are reported as before. Every file compare writes replaces what i
 a symlink planted there is replaced, never written through. Every sweep of `ringexp.train -m` ends with this report
 written into its directory (`SweepReport`, a Hydra callback), so the numbers are there even with W&B offline.
 
-Seed groups (ringexp.compare.groups; always where a group has several seeds, else with `--groups`): the completed
+Seed groups (ringexp.verdicts.groups; always where a group has several seeds, else with `--groups`): the completed
 runs whose overrides are the same but for `seed=` (a run without one has the schema's default seed), of the baseline
-group's task and code versions, one per seed (ringexp.compare.members; every other run with those overrides is named
+group's task and code versions, one per seed (ringexp.verdicts.members; every other run with those overrides is named
 as left out, with why), one row each with the mean and sample standard deviation over its runs, the speed-up of its
 mean whole-run throughput and its time to each eval.targets macro-AUROC against the group holding the baseline row
 (a ratio only where every seed reached it), and its quality verdict against that group (ringexp.quality:
@@ -26,7 +26,7 @@ CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `paralle
 mean throughput, for a shell script to use; it writes nothing.
 
 This module is the command: its flags (main), the report it writes (report), the seed groups' verdicts in the
-report and in W&B, and the sweep's Hydra callback (SweepReport). The runs are read by ringexp.compare.load, made
+report and in W&B, and the sweep's Hydra callback (SweepReport). The runs are read by ringexp.verdicts.load, made
 a table by ringexp.compare.table and written by ringexp.compare.render.
 """
 
@@ -37,11 +37,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from ringexp import quality, records
-from ringexp.compare import groups as seeds
-from ringexp.compare.load import load_local, load_wandb, printable_path
 from ringexp.compare.render import markdown, plots, text, write_csv
 from ringexp.compare.table import table
 from ringexp.errors import print_error, print_warning
+from ringexp.verdicts import groups as seeds
+from ringexp.verdicts.load import load_local, load_wandb, printable_path
 
 OUTPUTS = ("compare.md", "compare.csv", "throughput.png", "auroc.png", "comm_share.png")
 GROUP_OUTPUTS = ("groups.csv", seeds.QUALITY_FILE)  # with seed groups

@@ -7,10 +7,10 @@ import io
 from pathlib import Path
 
 from ringexp import records
-from ringexp.compare.cells import aligned, fmt
 from ringexp.compare.table import columns
 from ringexp.plotting import pyplot, save, short
 from ringexp.summary import KINDS
+from ringexp.verdicts.cells import aligned, fmt
 
 
 def markdown(rows, failed, base) -> str:

@@ -13,10 +13,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import backend, predict, records
 from ringexp.cluster import files as clusters
-from ringexp.compare.cells import lr_rule
-from ringexp.compare.load import YAML_LIMIT, printable_path
 from ringexp.config import TrainConfig
 from ringexp.errors import ConfigError
+from ringexp.verdicts.cells import lr_rule
+from ringexp.verdicts.load import YAML_LIMIT, printable_path
 
 HEAD = ["run", "ranks", "samples/s", "p10-p90", "whole run", "speed-up", "step ms", "compute ms", "exposed comm ms",
         "comm share", "overlap", "wire kB/step", "final AUROC", "best AUROC", "final F1", "peak MB"]

@@ -7,10 +7,10 @@ from collections import defaultdict
 from omegaconf import OmegaConf
 
 from ringexp import records
-from ringexp.compare.cells import lr_rule, markdown_table
 from ringexp.config import plain
 from ringexp.plotting import pyplot, save, short
 from ringexp.tune import verify
+from ringexp.verdicts.cells import lr_rule, markdown_table
 
 PHASES = ("diagnose", "predict", "try", "verify")
 BEST = "best.yaml"  # a +experiment file: copy it to conf/experiment/ (docs/tune.md)

@@ -33,12 +33,12 @@ from hydra import initialize_config_dir
 
 from ringexp import predict, records
 from ringexp.cluster import files as clusters
-from ringexp.compare.cells import markdown_table
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
 from ringexp.tune import space
 from ringexp.tune.loop import COMPUTE, Tune
 from ringexp.validate import compose_config
+from ringexp.verdicts.cells import markdown_table
 
 ROOT = Path(CONF_DIR).parent
 SWEEP = ROOT / "docs" / "results" / "tune-story-sweep.json"

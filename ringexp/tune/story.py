@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from ringexp import records
-from ringexp.compare.cells import markdown_table
 from ringexp.tune.replay import OUT as REPLAY
 from ringexp.tune.replay import SWEEP
+from ringexp.verdicts.cells import markdown_table
 
 CHOOSES = ("equivalent", "better")
 LAUNCH_S = 22.0  # one Slurm run's launch beyond its wall time, as the story's first tunes measured it

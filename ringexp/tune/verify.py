@@ -11,12 +11,12 @@ tune.error. A candidate is chosen only on every seed of it and of the baseline c
 
 from tqdm import tqdm
 
-from ringexp.compare import load_local
-from ringexp.compare.groups import QUALITY, seed_groups
-from ringexp.compare.groups import judge as judged
-from ringexp.compare.groups import report as seed_report
 from ringexp.tune import budget
 from ringexp.tune.budget import FULL
+from ringexp.verdicts.groups import QUALITY, seed_groups
+from ringexp.verdicts.groups import judge as judged
+from ringexp.verdicts.groups import report as seed_report
+from ringexp.verdicts.load import load_local
 
 STOPS = ("worse", "not equivalent")  # a decisive verdict that no further seed would turn into a choice
 CHOOSES = ("equivalent", "better")

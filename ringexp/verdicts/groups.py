@@ -5,7 +5,7 @@ baseline's group.
     judge(group, base, margin, alpha)     {metric: Verdict} on QUALITY, from the seeds both share (two or more:
                                           paired over seeds), else from one run each on the validation set (an
                                           indication only: quality.Verdict.decisive); only over the runs of the
-                                          baseline's task and code versions, one per seed (ringexp.compare.members)
+                                          baseline's task and code versions, one per seed (ringexp.verdicts.members)
     report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
                                           write() makes groups.csv and quality.json (what the planner reads)
 
@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 from ringexp import metrics, quality, records
-from ringexp.compare.cells import aligned, fmt, markdown_table
-from ringexp.compare.members import admitted, reference, stopped, where
 from ringexp.config import TrainConfig
 from ringexp.errors import one_line
 from ringexp.summary import is_text
+from ringexp.verdicts.cells import aligned, fmt, markdown_table
+from ringexp.verdicts.members import admitted, reference, stopped, where
 
 # What a seed group averages: its column, and where a completed run's summary holds it
 # (ringexp.summary.COMPLETED checks it).

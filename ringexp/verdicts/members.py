@@ -14,8 +14,8 @@ or take every verdict away (a baseline run of another task), but never turn a ve
 from dataclasses import replace
 
 from ringexp import predict
-from ringexp.compare.load import printable_path
 from ringexp.errors import one_line
+from ringexp.verdicts.load import printable_path
 
 
 def baseline(a: str, b: str) -> str:
@@ -49,7 +49,7 @@ def mismatch(summary: dict, ref: dict, both=baseline) -> str:
 
 
 def admitted(group, ref):
-    """`group` (a compare.groups.Group) with only the runs a verdict may pair (see the module's docstring); the
+    """`group` (a verdicts.groups.Group) with only the runs a verdict may pair (see the module's docstring); the
     others added to its left_out (after the runs that did not complete), each with why."""
     runs, seeds, out = [], [], list(group.left_out)
     for run, seed in zip(group.runs, group.seeds, strict=True):
