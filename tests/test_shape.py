@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ringexp"
-MAX_LINES = 60
+MAX_LINES = 50
 
 
 def functions():

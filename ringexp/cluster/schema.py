@@ -155,34 +155,7 @@ class ClusterConfig:
         need(1 <= self.nodes <= 1 << 20 and 1 <= self.ranks_per_node <= 1 << 20, "cluster.nodes, ranks_per_node",
              f"{self.nodes}, {self.ranks_per_node}", "must be in [1, 1048576]")
         for level in ("intra", "inter"):
-            link = getattr(self, level)
-            need(0 < link.beta_s_per_byte <= 1, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
-                 "must be > 0 and at most 1 second per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
-            need(0 <= link.alpha_s <= 60, f"cluster.{level}.alpha_s", link.alpha_s,
-                 "must be >= 0 and at most 60 seconds")
-            need(link.transport in TRANSPORTS, f"cluster.{level}.transport", link.transport,
-                 f"choose one of {', '.join(TRANSPORTS)}")
-            kinds = TOPOLOGY.get(link.transport, {})
-            need(not link.topology or link.topology in kinds, f"cluster.{level}.topology", link.topology,
-                 f"choose one of {', '.join(kinds)} for transport {link.transport}" if kinds else
-                 f"only a pcie or rdma level states a topology (this one is {link.transport}): leave it empty")
-            need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
-                 "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
-            for key in ("tail_s", "queue_s"):
-                need(0 <= getattr(link, key) <= 60, f"cluster.{level}.{key}", getattr(link, key),
-                     "must be in [0, 60] seconds")
-            for key in ("all_to_all_efficiency", "all_gather_efficiency"):
-                need(getattr(link, key) is None or 0 < getattr(link, key) <= 1, f"cluster.{level}.{key}",
-                     getattr(link, key), f"must be in (0, 1]: the share of line rate an {key.split('_eff')[0]} "
-                     "reaches (null: the level's efficiency)")
-            most = NCCL_MAX["NCCL_MAX_NCHANNELS"] * NCCL_MAX["sockets"]
-            need(0 <= link.streams <= most, f"cluster.{level}.streams", link.streams,
-                 f"must be in [0, {most}] (NCCL's channels x sockets per connection; 0: NCCL's default)")
-            need(link.socket_threads is None or 0.5 <= link.socket_threads <= most, f"cluster.{level}.socket_threads",
-                 link.socket_threads, f"must be in [0.5, {most}] (null: NCCL's one proxy thread a direction)")
-            need(link.socket_Bps is None or 1e3 <= link.socket_Bps <= SOCKET_BPS_MAX, f"cluster.{level}.socket_Bps",
-                 link.socket_Bps, f"must be a finite number of bytes per second in [1e3, {SOCKET_BPS_MAX:g}] (null: "
-                 "SOCKET_BPS)")
+            check_link(level, getattr(self, level))
         costs = {"add_s_per_byte": self.add_s_per_byte} | {
             f"{kind}_s_per_byte.{name}": v for kind in ("encode", "decode")
             for name, v in getattr(self, f"{kind}_s_per_byte").items()}
@@ -201,3 +174,34 @@ class ClusterConfig:
             value = getattr(self, key.lower())
             need(not value or not nccl_list_error(key, value), f"cluster.{key.lower()}", value,
                  nccl_list_error(key, value) if value else "")
+
+
+def check_link(level: str, link: LinkConfig) -> None:
+    """Every number of one level of a cluster file against both ends of its range (ClusterConfig's checks)."""
+    need(0 < link.beta_s_per_byte <= 1, f"cluster.{level}.beta_s_per_byte", link.beta_s_per_byte,
+         "must be > 0 and at most 1 second per byte (1 / bandwidth; 1 Gbit/s is 8e-9)")
+    need(0 <= link.alpha_s <= 60, f"cluster.{level}.alpha_s", link.alpha_s,
+         "must be >= 0 and at most 60 seconds")
+    need(link.transport in TRANSPORTS, f"cluster.{level}.transport", link.transport,
+         f"choose one of {', '.join(TRANSPORTS)}")
+    kinds = TOPOLOGY.get(link.transport, {})
+    need(not link.topology or link.topology in kinds, f"cluster.{level}.topology", link.topology,
+         f"choose one of {', '.join(kinds)} for transport {link.transport}" if kinds else
+         f"only a pcie or rdma level states a topology (this one is {link.transport}): leave it empty")
+    need(link.efficiency is None or 0 < link.efficiency <= 1, f"cluster.{level}.efficiency", link.efficiency,
+         "must be in (0, 1]: the share of line rate the transport reaches (null: the transport's default)")
+    for key in ("tail_s", "queue_s"):
+        need(0 <= getattr(link, key) <= 60, f"cluster.{level}.{key}", getattr(link, key),
+             "must be in [0, 60] seconds")
+    for key in ("all_to_all_efficiency", "all_gather_efficiency"):
+        need(getattr(link, key) is None or 0 < getattr(link, key) <= 1, f"cluster.{level}.{key}",
+             getattr(link, key), f"must be in (0, 1]: the share of line rate an {key.split('_eff')[0]} "
+             "reaches (null: the level's efficiency)")
+    most = NCCL_MAX["NCCL_MAX_NCHANNELS"] * NCCL_MAX["sockets"]
+    need(0 <= link.streams <= most, f"cluster.{level}.streams", link.streams,
+         f"must be in [0, {most}] (NCCL's channels x sockets per connection; 0: NCCL's default)")
+    need(link.socket_threads is None or 0.5 <= link.socket_threads <= most, f"cluster.{level}.socket_threads",
+         link.socket_threads, f"must be in [0.5, {most}] (null: NCCL's one proxy thread a direction)")
+    need(link.socket_Bps is None or 1e3 <= link.socket_Bps <= SOCKET_BPS_MAX, f"cluster.{level}.socket_Bps",
+         link.socket_Bps, f"must be a finite number of bytes per second in [1e3, {SOCKET_BPS_MAX:g}] (null: "
+         "SOCKET_BPS)")

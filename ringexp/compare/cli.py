@@ -133,7 +133,8 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def main(argv=None) -> int:
+def parser() -> Parser:
+    """The command's flags."""
     ap = Parser(prog="python -m ringexp.compare", description=__doc__.split("\n\n")[0], epilog=EPILOG)
     ap.add_argument("paths", nargs="*", help="sweep or run directories")
     ap.add_argument("--baseline", help="the row whose label contains this text is the speed-up baseline")
@@ -151,23 +152,30 @@ def main(argv=None) -> int:
                     f"{quality.MARGIN}")
     ap.add_argument("--fastest", metavar="CHOICE", help="print only the value of choice CHOICE (e.g. parallel) of "
                     "the seed group with the highest mean throughput; nothing else is printed or written")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def loaded(args) -> list:
+    """The runs the flags name, once the flags are checked (ValueError: what is wrong with them)."""
+    if bad := quality.margin_error(args.quality_budget):
+        raise ValueError(f"--quality-budget {args.quality_budget}: {bad}")
+    if args.fastest is not None and (args.groups or not args.fastest):
+        raise ValueError("--fastest CHOICE names a choice such as parallel, and prints its value alone "
+                         "(without --groups)")
+    if args.wandb and not args.group:
+        raise ValueError("--wandb needs --group NAME (the sweep's group)")
+    if not args.wandb and not args.paths:
+        raise ValueError("give one or more sweep or run directories (or --wandb ENTITY/PROJECT --group NAME)")
+    runs = load_wandb(args.wandb, args.group) if args.wandb else load_local(args.paths)
+    if not runs:
+        raise ValueError(f"no runs (summary.json) under {' '.join(args.paths) or args.group}")
+    return runs
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     try:
-        if bad := quality.margin_error(args.quality_budget):
-            raise ValueError(f"--quality-budget {args.quality_budget}: {bad}")
-        if args.fastest is not None and (args.groups or not args.fastest):
-            raise ValueError("--fastest CHOICE names a choice such as parallel, and prints its value alone "
-                             "(without --groups)")
-        if args.wandb:
-            if not args.group:
-                raise ValueError("--wandb needs --group NAME (the sweep's group)")
-            runs = load_wandb(args.wandb, args.group)
-        elif not args.paths:
-            raise ValueError("give one or more sweep or run directories (or --wandb ENTITY/PROJECT --group NAME)")
-        else:
-            runs = load_local(args.paths)
-        if not runs:
-            raise ValueError(f"no runs (summary.json) under {' '.join(args.paths) or args.group}")
+        runs = loaded(args)
         if args.fastest is not None:
             print(seeds.fastest(runs, args.fastest))
             return 0
