@@ -23,9 +23,10 @@ from ringexp.cluster import files as clusters
 from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.predict import presets
-from ringexp.tune import budget, cli, space, trials
+from ringexp.tune import budget, cli, loop, space, trials
 from ringexp.tune.config import MAX_RUNS, TuneConfig
 from ringexp.tune.loop import Tune
+from ringexp.tune.ranking import Ranking
 
 TASK = [o for o in TINY if not o.startswith("logger.")] + ["logger=none"]
 
@@ -92,7 +93,7 @@ def test_trials_jsonl_lines_of_the_wrong_shape_are_named_and_skipped(tmp_path, c
     text = "".join(json.dumps(x) + "\n" for x in lines) + '{"key": "cut sh'
     (out / "trials.jsonl").write_text(text)
     t = Tune(tune_config(out), TASK, out)
-    assert list(t.log.done) == ["try-r0-ddp_fp16"] and t.budget.spent() == 2.0
+    assert list(t.job.log.done) == ["try-r0-ddp_fp16"] and t.budget.spent() == 2.0
     err = capsys.readouterr().err
     for lineno in range(2, 9):
         assert f"trials.jsonl:{lineno}: " in err and "skipped (that trial runs again)" in err, err
@@ -116,8 +117,8 @@ def test_a_compute_json_that_is_no_measurement_is_measured_again(tmp_path, capsy
     else:
         path.write_text(kept)
     t = Tune(tune_config(out), TASK, out)
-    t.cluster = clusters.read(clusters.path_of("local_2x2_1gbit"))
-    got = t.measured_compute(build_model(t.base.model, t.base.data.num_labels))
+    cluster = clusters.read(clusters.path_of("local_2x2_1gbit"))
+    got = loop.measured_compute(t.job, build_model(t.job.base.model, t.job.base.data.num_labels), cluster)
     assert set(got) == {"forward_s", "backward_s", "optimizer_s"}
     assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in got.values()), got
     assert records.read_json(path) == got  # kept for the next start
@@ -233,20 +234,21 @@ def test_the_budget_of_verification_is_closed_form_in_the_seeds(tmp_path):
     per-seed sum it replaces."""
     for seeds in (3, MAX_RUNS // 2):
         t = Tune(TuneConfig(trial_steps=8, seeds=seeds), TASK, tmp_path / str(seeds))
-        c = space.Candidate("ddp_fp16", ["+parallel=ddp_fp16"], t.base, {"step_s": 0.2, "samples_s": 1.0})
-        t.order, t.base_pred, t.scale = [c], {"step_s": 0.1, "samples_s": 2.0}, 1.0
+        c = space.Candidate("ddp_fp16", ["+parallel=ddp_fp16"], t.job.base, {"step_s": 0.2, "samples_s": 1.0})
+        r = Ranking(t.job.base, None, (), {}, order=(c,), base_pred={"step_s": 0.1, "samples_s": 2.0})
+        b, done = t.budget, t.job.log.done
         for key, cand in (("verify-baseline-s0", "baseline"), ("verify-baseline-s2", "baseline"),
                           ("verify-ddp_fp16-s1", "ddp_fp16"), ("verify-baseline-s007", "baseline")):
-            t.log.done[key] = record(t.out, key, phase="verify", candidate=cand, steps=12, every=6, wall_s=20.0)
-        base, mine = budget.full_estimate(t, None), budget.full_estimate(t, c)
+            done[key] = record(t.job.out, key, phase="verify", candidate=cand, steps=12, every=6, wall_s=20.0)
+        base, mine = b.full_estimate(r, None), b.full_estimate(r, c)
         with within(5):
-            assert budget.left(t, None) == seeds - 2 and budget.left(t, c) == seeds - 1  # (s007 is no seed's key)
-            assert budget.reserve(t) == pytest.approx((seeds - 2) * base + seeds * mine)
-            assert budget.verifying(t, c) == pytest.approx((seeds - 2) * base + (seeds - 1) * mine)
+            assert b.left(None) == seeds - 2 and b.left(c) == seeds - 1  # (s007 is no seed's key)
+            assert b.reserve(r) == pytest.approx((seeds - 2) * base + seeds * mine)
+            assert b.verifying(r, c) == pytest.approx((seeds - 2) * base + (seeds - 1) * mine)
         if seeds == 3:
-            per_seed = sum(0 if budget.full_key(t, x, i) in t.log.done else budget.full_estimate(t, x)
+            per_seed = sum(0 if budget.full_key(t.job.base.seed, x, i) in done else b.full_estimate(r, x)
                            for i in range(seeds) for x in (None, c))
-            assert budget.verifying(t, c) == pytest.approx(per_seed)
+            assert b.verifying(r, c) == pytest.approx(per_seed)
 
 
 def tree(path):

@@ -19,9 +19,10 @@ from ringexp import conffiles, parallel, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
-from ringexp.tune import cli, space, trials
+from ringexp.tune import cli, loop, ranking, space, trials
 from ringexp.tune.config import TuneConfig
 from ringexp.tune.loop import Tune
+from ringexp.tune.ranking import Ranking
 from ringexp.tune.refit import refit, scaled
 from ringexp.validate import checked
 
@@ -154,21 +155,22 @@ def test_a_candidate_whose_accumulation_cannot_keep_the_evaluations_at_the_basel
         t = bare_tune(tmp_path / str(every), "steps=120", f"eval_every={every}")
         cfg = space.preset_config("ring_int8", [*TASK, "accumulation.steps=4"], 2)
         c = space.Candidate("ring_int8 accumulation.steps=4", ["+parallel=ring_int8", "accumulation.steps=4"], cfg)
-        assert says in t.spacing_error(c) and (says or t.full_steps(c) == full), t.spacing_error(c)
+        why = ranking.spacing_error(t.job.base, c)
+        assert says in why and (says or ranking.full_steps(t.job.base, c) == full), why
 
 
 def test_a_candidate_that_failed_on_any_rung_is_out_of_verification(tmp_path):
     """Two rungs: b crashes on the second after completing the first; it is not among the candidates verified."""
     t = bare_tune(tmp_path, "steps=60", trial_steps=15, rungs=2, verify=1)
-    t.order = [space.Candidate(n, [f"+parallel={n}"], t.base, {"step_s": 0.1, "samples_s": 1.0}) for n in "abc"]
-    t.base_pred, t.scale = {"step_s": 0.1, "samples_s": 1.0}, 1.0
+    order = tuple(space.Candidate(n, [f"+parallel={n}"], t.job.base, {"step_s": 0.1, "samples_s": 1.0}) for n in "abc")
+    r = Ranking(t.job.base, CLUSTER, (), COMPUTE, cands=order, order=order, base_pred={"step_s": 0.1, "samples_s": 1.0})
     speed = {"a": 10.0, "b": 30.0, "c": 20.0}
 
-    def trial(key, phase, cand, overrides, steps, seed, every):
-        ok = not (cand == "b" and key.startswith("try-r1"))
-        return {"key": key, "status": "completed" if ok else "crashed", "samples_s": speed[cand], "steps": steps}
-    t.trial = trial
-    got = [c.name for c, _ in t.search(bar=lambda x, **_: x)]
+    class Job(loop.Job):  # the tune's Job, its trials made up here
+        def trial(self, key, phase, cand, overrides, steps, seed, every, start=None):
+            ok = not (cand == "b" and key.startswith("try-r1"))
+            return {"key": key, "status": "completed" if ok else "crashed", "samples_s": speed[cand], "steps": steps}
+    got = [c.name for c, _ in loop.search(Job(**vars(t.job)), t.budget, r, bar=lambda x, **_: x)]
     assert "b" not in got and got[0] == "c", got
 
 
@@ -176,19 +178,17 @@ def test_a_short_trial_of_powersgd_measures_it_compressed_and_is_ranked_by_its_w
     """PowerSGD starting at step 60 of 120: a 20-step trial would measure plain DDP (the old trials did); it runs
     compressed after the warm-up instead, and is ranked as its full-length run would go (60 uncompressed steps at the
     planner's uncompressed/compressed ratio), not at the compressed speed alone."""
-    t = bare_tune(tmp_path, "steps=120", "eval_every=10", trial_steps=20)
-    t.cluster, t.compute = CLUSTER, COMPUTE
-    t.shapes = [p.shape for p in build_model(t.base.model, t.base.data.num_labels).parameters()]
+    base = bare_tune(tmp_path, "steps=120", "eval_every=10", trial_steps=20).job.base
     cfg = space.preset_config("ddp_powersgd", [*TASK, "compression.start_step=60"], 2)
     c = space.Candidate("ddp_powersgd compression.start_step=60", ["+parallel=ddp_powersgd",
                                                                    "compression.start_step=60"], cfg)
-    t.cands = [c]
-    assert t.trial_start(c.name) == t.base.throughput_warmup + 1
-    rec = {"samples_s": 100.0, "step_s": 0.1, "start_step": t.trial_start(c.name)}
+    r = Ranking(base, CLUSTER, tuple(shapes_of(base)), COMPUTE, cands=(c,))
+    assert ranking.trial_start(r, c.name) == base.throughput_warmup + 1
+    rec = {"samples_s": 100.0, "step_s": 0.1, "start_step": ranking.trial_start(r, c.name)}
     plain, comp = (planner(x)["step_s"] for x in (space.preset_config("ddp", TASK, 2), cfg))
     want = 100.0 * 0.1 / (0.1 * (61 / 120 + 59 / 120 * plain / comp))
-    assert plain > comp and t.ranking_speed(c, rec) == pytest.approx(want) and want < 100.0
-    assert t.ranking_speed(c, {**rec, "start_step": None}) == 100.0
+    assert plain > comp and ranking.ranking_speed(r, c, rec) == pytest.approx(want) and want < 100.0
+    assert ranking.ranking_speed(r, c, {**rec, "start_step": None}) == 100.0
 
 
 CRASH = """#!/bin/sh
@@ -225,19 +225,18 @@ def test_an_averaging_trial_is_its_whole_run_with_its_warm_up_at_its_full_run_sh
                "global_batch_size": 32, "synchronizations": {"period": 16}}
     assert records.run_rate(summary) == (500.0, 32 / 500.0)
     assert records.run_rate({**summary, "synchronizations": None}) == (1400.0, 0.023)
-    t = bare_tune(tmp_path, "steps=120", "eval_every=8", trial_steps=30)
-    t.cluster, t.compute = CLUSTER, COMPUTE
-    t.shapes = [p.shape for p in build_model(t.base.model, t.base.data.num_labels).parameters()]
+    base = bare_tune(tmp_path, "steps=120", "eval_every=8", trial_steps=30).job.base
     cfg = space.preset_config("local_sgd", [*TASK, "steps=120"], 2)  # 10 DDP steps first
     c = space.Candidate("local_sgd", ["+parallel=local_sgd"], cfg)
+    r = Ranking(base, CLUSTER, tuple(shapes_of(base)), COMPUTE, cands=(c,))
     ddp, local = planner(parallel.first_steady(cfg)[1])["step_s"], planner(cfg)["step_s"]
     want = 100.0 * (10 * ddp + 20 * local) / 30 / ((10 * ddp + 110 * local) / 120)
     rec = {"samples_s": 100.0, "step_s": 0.32, "steps": 30}
-    assert ddp > local and want > 100.0 and t.ranking_speed(c, rec) == pytest.approx(want)
-    t.cands = [c]  # the refit's prediction of that trial: its whole run, warm-up included, as it was measured
-    assert t.at_trial({**rec, "candidate": c.name}) == pytest.approx((10 * ddp + 20 * local) / 30)
+    assert ddp > local and want > 100.0 and ranking.ranking_speed(r, c, rec) == pytest.approx(want)
+    # the refit's prediction of that trial: its whole run, warm-up included, as it was measured
+    assert ranking.at_trial(r, {**rec, "candidate": c.name}) == pytest.approx((10 * ddp + 20 * local) / 30)
     none = space.preset_config("local_sgd", [*TASK, "steps=120", "parallel.warmup_steps=0"], 2)
-    assert t.ranking_speed(space.Candidate("w0", [], none), rec) == pytest.approx(100.0)
+    assert ranking.ranking_speed(r, space.Candidate("w0", [], none), rec) == pytest.approx(100.0)
 
 
 

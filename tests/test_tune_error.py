@@ -24,12 +24,13 @@ TASK = {"model": "simulated"}  # every run's: verdicts pair only runs of the bas
 
 
 class Sim:
-    """What verify needs of a Tune, over synthetic runs: `full` draws a run's final AUROC (or its crash), `pair`
+    """The runs verify asks for (verify.Runs), synthetic: `full` draws a run's final AUROC (or its crash), `pair`
     makes the seed groups of the completed ones, as compare's seed_groups would from their directories."""
 
     def __init__(self, tc, effects: dict, crash: float, rng):
         self.tc, self.effects, self.crash, self.rng = tc, effects, crash, rng
-        self.verified, self.skipped, self.chosen, self.runs = [], [], None, {}
+        self.verification, self.runs = verify.Verification(), {}
+        self.verified, self.skipped = self.verification.verified, self.verification.skipped
         self.base_auroc = {i: 0.97 + SEED_SD * rng.standard_normal() for i in range(tc.seeds)}
 
     def full(self, c, i: int) -> dict:
@@ -51,6 +52,15 @@ class Sim:
     def affords(self, c) -> bool:
         return True
 
+    @property
+    def chosen(self):
+        return self.verification.chosen
+
+
+def run(sim: Sim, tried: list) -> None:
+    """The tune's verification of candidates `tried` (fastest first) over the simulation's runs."""
+    verify.verify(sim.tc, [(c, None) for c in tried], sim, bar=lambda x, **_: x, into=sim.verification)
+
 
 def harmful_choice_rate(effects: list, crash: float, error: float, draws: int, seeds: int = 3) -> float:
     """How often the tune's verification chooses a candidate whose true effect is below -MARGIN."""
@@ -59,7 +69,7 @@ def harmful_choice_rate(effects: list, crash: float, error: float, draws: int, s
     rng, harmful = np.random.default_rng(0), 0
     for _ in range(draws):
         sim = Sim(tc, {c.name: e for c, e in zip(cands, effects, strict=True)}, crash, rng)
-        verify.verify(sim, [(c, None) for c in cands], bar=lambda x, **_: x)
+        run(sim, cands)
         harmful += sim.chosen is not None and sim.effects[sim.chosen.name] < -MARGIN
     return harmful / draws
 
@@ -99,7 +109,7 @@ def test_a_harmless_candidate_is_still_chosen_at_the_seeds_the_bound_needs():
         rng, n = np.random.default_rng(1), 0
         for _ in range(200):
             sim = Sim(tc, dict.fromkeys((c.name for c in cands), 0.0), 0.0, rng)
-            verify.verify(sim, [(c, None) for c in cands], bar=lambda x, **_: x)
+            run(sim, cands)
             n += sim.chosen is not None
         chosen[seeds] = n / 200
     assert chosen[6] > 0.8 and chosen[2] < chosen[6], chosen
@@ -109,7 +119,7 @@ def test_a_candidate_with_a_crashed_seed_is_never_chosen():
     tc = TuneConfig(seeds=3, verify=1, quality_budget=MARGIN)
     for draw in range(50):
         sim = Sim(tc, {"c0": 0.0}, 0.3, np.random.default_rng(draw))
-        verify.verify(sim, [(SimpleNamespace(name="c0", overrides=["+parallel=p0"]), None)], bar=lambda x, **_: x)
+        run(sim, [SimpleNamespace(name="c0", overrides=["+parallel=p0"])])
         crashed = any(r["status"] != "completed" for r in sim.runs.values())
         assert not (crashed and sim.chosen), sim.runs
         if crashed:
@@ -125,7 +135,7 @@ def test_a_candidate_without_a_verdict_blames_nothing_and_is_not_chosen():
     sim.verified.append((SimpleNamespace(name="ring", overrides=["+parallel=ring"]), (None, "seed 0 crashed")))
     real = sim.full
     sim.full = lambda c, i: {**real(c, i), "status": "crashed"} if c is bad else real(c, i)
-    verify.verify(sim, [(bad, None), (good, None)], bar=lambda x, **_: x)
+    run(sim, [bad, good])
     assert [c.name for c, _ in sim.verified][1:] == [bad.name] and sim.verified[1][1][0] is None, sim.verified
 
 
@@ -137,7 +147,7 @@ def test_a_knob_is_blamed_only_against_its_own_preset_without_it():
     fp16_b = SimpleNamespace(name="ddp_fp16 b100", overrides=["+parallel=ddp_fp16", "parallel.bucket_cap_mb=100"])
     topk = SimpleNamespace(name="ddp_topk", overrides=["+parallel=ddp_topk"])
     sim = Sim(tc, {topk_b.name: -0.12, topk.name: -0.12, fp16_b.name: 0.0}, 0.0, np.random.default_rng(0))
-    verify.verify(sim, [(topk_b, None), (topk, None), (fp16_b, None)], bar=lambda x, **_: x)
+    run(sim, [topk_b, topk, fp16_b])
     assert not sim.skipped and [c.name for c, _ in sim.verified] == [topk_b.name, topk.name, fp16_b.name]
     acc = SimpleNamespace(name="ring acc4", overrides=["+parallel=ring", "accumulation.steps=4"])
     ring = SimpleNamespace(name="ring", overrides=["+parallel=ring"])
@@ -145,7 +155,7 @@ def test_a_knob_is_blamed_only_against_its_own_preset_without_it():
     sim = Sim(TuneConfig(seeds=6, verify=6, quality_budget=MARGIN), {acc.name: -0.04, ring.name: 0.0,
                                                                     other.name: 0.0}, 0.0, np.random.default_rng(0))
     sim.verified.append((ring, (SimpleNamespace(decisive=True, word="not equivalent", seeds=6), None)))
-    verify.verify(sim, [(acc, None), (other, None)], bar=lambda x, **_: x)
+    run(sim, [acc, other])
     assert [c.name for c, _ in sim.skipped] == [other.name], (sim.verified, sim.skipped)
 
 

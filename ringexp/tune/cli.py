@@ -19,7 +19,7 @@ from ringexp.config import CONF_DIR, plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
 from ringexp.predict import measure_compute
-from ringexp.tune import diagnose, playbook, space, trials, verify
+from ringexp.tune import diagnose, playbook, space, trials
 from ringexp.tune.budget import STARTUP_S
 from ringexp.tune.config import TuneApp
 from ringexp.tune.loop import Tune
@@ -113,7 +113,7 @@ def reachable(cmd: list, train: list) -> None:
 def affordable(tc, tune: Tune) -> None:
     """ConfigError where the budget cannot pay for the baseline's own run (diagnose's): its steps at this machine's
     compute alone."""
-    cfg = tune.base
+    cfg = tune.job.base
     model = build_model(cfg.model, cfg.data.num_labels)
     c = measure_compute(cfg, model, rdist.threads(max(1, cfg.launcher.nproc_per_node)))
     need = STARTUP_S + cfg.steps * cfg.accumulation.steps * (c["forward_s"] + c["backward_s"])
@@ -191,7 +191,7 @@ def start(cfg, train: list, args: list) -> int:
         tc = checked(cfg, train)
         again = check_out(out, tc, train)  # (before its records are read: they may be anyone's)
         tune = Tune(tc, train, out)
-        reachable(tune.cmd, train)
+        reachable(tune.job.cmd, train)
         if not again:
             affordable(tc, tune)
             tune.check_space()
@@ -211,24 +211,24 @@ def start(cfg, train: list, args: list) -> int:
 def run(tune: Tune, argv: list) -> int:
     """The phases; Ctrl-C ends with the playbook of what was done (and the same command continues)."""
     checks, note, code = [], "", 0
-    before = len(tune.log.done)
+    done, out = tune.job.log.done, tune.job.out
+    before = len(done)
     try:
-        base = tune.diagnose()
-        tune.predict(base)
+        tune.plan()
         if before:
-            left = sum(f"try-r0-{trials.slug(c.name)}" not in tune.log.done for c in tune.order)
-            print(f"ringexp: continuing the tune in {tune.out} from its records: {before} recorded (not run again), "
+            left = sum(f"try-r0-{trials.slug(c.name)}" not in done for c in tune.ranking.order)
+            print(f"ringexp: continuing the tune in {out} from its records: {before} recorded (not run again), "
                   f"{left} first-rung trial{'s' * (left != 1)} left, then verification")
-        checks = diagnose.checklist(records.read_summary(base["dir"]), tune.cluster)
-        verify.verify(tune, tune.search(bar=tqdm), bar=tqdm)
-        tune.refit()
+        checks = diagnose.checklist(records.read_summary(tune.diagnosis["dir"]), tune.ranking.cluster)
+        tune.tune(bar=tqdm)
     except KeyboardInterrupt:
         note, code = "Interrupted: this is what was done so far; the same command continues the tune.", stop.EXIT_CODE
-    chosen = playbook.write(tune, checks, argv, note)
-    spent, ran = tune.budget.spent(), len(tune.log.done) - before
+    outcome = playbook.Outcome(tune.job, tune.budget.total_s, tune.ranking, tune.verification, tune.fit)
+    chosen = playbook.write(outcome, checks, argv, note)
+    spent, ran = tune.budget.spent(), len(done) - before
     print(f"ringexp: tune {'interrupted' if code else 'done'} in {spent / 60:.1f} machine min "
           f"(budget {tune.tc.budget_min:g}); {f'ran {ran} new' if ran else 'ran nothing: every run was recorded'}; "
-          f"wrote {tune.out}/playbook.md")
-    said = "chosen" if tune.chosen else "nothing chosen yet; the baseline" if code else "kept the baseline"
+          f"wrote {out}/playbook.md")
+    said = "chosen" if outcome.chosen else "nothing chosen yet; the baseline" if code else "kept the baseline"
     print(f"ringexp: {said}: {chosen}")
     return code

@@ -9,7 +9,7 @@ samples/s among the candidates judged equivalent or better). The orders:
 
     planner   the tune's ranking (tune.search=planner): predicted samples/s of each candidate's full-length run,
               those predicted slower than the baseline by more than tune.prune left out, computed with the tune's
-              own functions (space.candidates, space.ranked, Tune.predicted) on the story's cluster file and one
+              own functions (space.candidates, space.ranked, ranking.predicted) on the story's cluster file and one
               rank's compute measured here, as the tune measures it
     prior     the planner's ranking with the compressor that another experiment measured beyond the margin
               (top-k: docs/results/compression-quality.md, not this sweep) moved to the end
@@ -26,7 +26,6 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 from hydra import initialize_config_dir
@@ -35,8 +34,8 @@ from ringexp import predict, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
-from ringexp.tune import space
-from ringexp.tune.loop import COMPUTE, Tune
+from ringexp.tune import ranking, space
+from ringexp.tune.loop import COMPUTE
 from ringexp.validate import compose_config
 from ringexp.verdicts.cells import markdown_table
 
@@ -150,19 +149,18 @@ def planner(task: dict, rows: list) -> dict:
                                f"eval_every={task['eval_every']}"], cl.nodes)
         model = build_model(base.model, base.data.num_labels)
         compute, where = predict.compute_times(dict.fromkeys(COMPUTE), base, model, cl)
-        # what Tune.predicted reads of a Tune: a Tune itself would open a tune directory and its trial log
-        tune = SimpleNamespace(cluster=cl, compute=compute, base=base,
-                               shapes=[p.shape for p in model.parameters() if p.requires_grad])
+        # the tune's Ranking before `rank` fills it: what ranking.predicted reads
+        r = ranking.Ranking(base, cl, tuple(p.shape for p in model.parameters() if p.requires_grad), compute)
         cands, refused = space.candidates(task["overrides"], task["presets"], space.knobs(task["knobs"]),
-                                          lambda cfg: Tune.predicted(tune, cfg), cl.nodes, space.fingerprint(base))
+                                          lambda cfg: ranking.predicted(r, cfg), cl.nodes, space.fingerprint(base))
         row_of = matched(cands, rows, task["overrides"], cl.nodes)
     if refused:
         raise ValueError(f"the tune's space refuses {refused[0][0]}: {refused[0][1]}")
-    order, left = space.ranked(cands, Tune.predicted(tune, base)["samples_s"], "planner", task["prune"], 0)
-    scaled = {f: reranked(cands, tune, base, f, task["prune"]) for f in SCALES}
+    order, left = space.ranked(cands, ranking.predicted(r, base)["samples_s"], "planner", task["prune"], 0)
+    scaled = {f: reranked(cands, r, f, task["prune"]) for f in SCALES}
     return {"order": [(c, row_of[c.name]) for c in order], "left_out": [(c, row_of[c.name], w) for c, w in left],
             "names": {row_of[c.name]["candidate"]: c.name for c in cands}, "compute": compute, "where": where,
-            "base_samples_s": Tune.predicted(tune, base)["samples_s"],
+            "base_samples_s": ranking.predicted(r, base)["samples_s"],
             "scaled": {f: [row_of[c.name] for c in o] for f, o in scaled.items()}}
 
 
@@ -182,11 +180,11 @@ def matched(cands: list, rows: list, overrides: list, nodes: int) -> dict:
     return out
 
 
-def reranked(cands: list, tune, base, factor: float, prune: float) -> list:
+def reranked(cands: list, r: ranking.Ranking, factor: float, prune: float) -> list:
     """The planner's order with one rank's compute times `factor`."""
-    compute = {k: v * factor for k, v in tune.compute.items()}
-    again = [replace(c, predicted=Tune.predicted(tune, c.cfg, compute=compute)) for c in cands]
-    return space.ranked(again, Tune.predicted(tune, base, compute=compute)["samples_s"], "planner", prune, 0)[0]
+    compute = {k: v * factor for k, v in r.compute.items()}
+    again = [replace(c, predicted=ranking.predicted(r, c.cfg, compute=compute)) for c in cands]
+    return space.ranked(again, ranking.predicted(r, r.base, compute=compute)["samples_s"], "planner", prune, 0)[0]
 
 
 def costly(cfg) -> bool:
@@ -298,7 +296,7 @@ def report(path) -> str:
                          "x random's median", "first equivalent tried is the best"], table), "",
         goal(res), "", f"Random order's exact mean: {expect:.0f} s (the best's run plus half of every other's).", "",
         "## The planner's ranking, reproduced", "",
-        f"The tune's functions (space.candidates, space.ranked, Tune.predicted) on {sweep['task']['cluster']}, "
+        f"The tune's functions (space.candidates, space.ranked, ranking.predicted) on {sweep['task']['cluster']}, "
         f"one rank's compute {plan['where']}: {comp}; the baseline predicted at {plan['base_samples_s']:.1f} "
         f"samples/s, tune.prune={sweep['task']['prune']}. The same ranking with one rank's compute scaled: "
         f"{sensitivity(plan, target)}.", "",

@@ -55,27 +55,27 @@ def tune(path: Path):
     return r | {"trials": [x for _, x in records.read_jsonl(path / "trials.jsonl") if isinstance(x, dict)]}
 
 
-def tune_lines(t, sweep: dict, seeds: int) -> list:
+def tune_lines(got, sweep: dict, seeds: int) -> list:
     """The tune at its error bound: its cost against the exhaustive sweep at the same seeds, its choice against the
     fastest configuration the seed groups call equivalent, its verification."""
-    if t is None:
+    if got is None:
         return ["## The tune at its error bound: not run", ""]
     _, ex_s, best, base = exhaustive(sweep)
-    runs = [x for x in t["trials"] if "candidate" in x]
-    groups = t["groups"]
+    runs = [x for x in got["trials"] if "candidate" in x]
+    groups = got["groups"]
     b = next(g for g in groups if g.get("quality") == "baseline")
-    chosen = next((g for g in groups if t["chosen"] and own(g["group"]) == own(t["chosen"], True)), None)
+    chosen = next((g for g in groups if got["chosen"] and own(g["group"]) == own(got["chosen"], True)), None)
     launch = statistics.median([x["wall_s"] - x["run_wall_s"] for x in runs if x.get("run_wall_s")] or [0.0])
-    verified = ", ".join(f"{v['candidate']}: {(v['verdict'] or {}).get('word', 'no verdict')}" for v in t["verified"])
-    out = ["## The tune at its error bound", "", f"Chosen: `{t['command']}`", "",
-           f"- machine time {t['machine_s']:.0f} s, {t['machine_s'] / (ex_s * seeds):.2f} of the exhaustive sweep at "
-           f"the same {seeds} seeds ({ex_s:.0f} s x {seeds} = {ex_s * seeds:.0f} s; the goal: at most 0.25); phases "
-           + ", ".join(f"{k} {v:.0f} s" for k, v in t["phases"].items()),
+    verified = ", ".join(f"{v['candidate']}: {(v['verdict'] or {}).get('word', 'no verdict')}" for v in got["verified"])
+    out = ["## The tune at its error bound", "", f"Chosen: `{got['command']}`", "",
+           f"- machine time {got['machine_s']:.0f} s, {got['machine_s'] / (ex_s * seeds):.2f} of the exhaustive sweep "
+           f"at the same {seeds} seeds ({ex_s:.0f} s x {seeds} = {ex_s * seeds:.0f} s; the goal: at most 0.25); phases "
+           + ", ".join(f"{k} {v:.0f} s" for k, v in got["phases"].items()),
            f"- runs {len(runs)} ({sum(x['status'] != 'completed' for x in runs)} failed); median launch beyond the "
            f"run's own wall time {launch:.0f} s",
            f"- verified, fastest trial first: {verified}"]
-    if t["skipped"]:
-        out.append("- not verified: " + "; ".join(f"{n} ({why})" for n, why in t["skipped"]))
+    if got["skipped"]:
+        out.append("- not verified: " + "; ".join(f"{n} ({why})" for n, why in got["skipped"]))
     if chosen:
         to90 = chosen.get("to 0.9 x")
         out += [f"- chosen over the tune's own {chosen['seeds']} baseline seeds: {chosen['speed-up']:.2f}x samples/s "
@@ -124,9 +124,9 @@ def replay_lines() -> list:
 
 def report(out: Path, sweep_path: Path) -> str:
     sweep = records.read_json(sweep_path)
-    t = tune(out / "bound")
-    seeds = records.read_json(out / "bound" / "tune.json")["tune"]["seeds"] if t else 0
-    return "\n".join(sweep_lines(sweep) + tune_lines(t, sweep, seeds) + replay_lines()) + "\n"
+    got = tune(out / "bound")
+    seeds = records.read_json(out / "bound" / "tune.json")["tune"]["seeds"] if got else 0
+    return "\n".join(sweep_lines(sweep) + tune_lines(got, sweep, seeds) + replay_lines()) + "\n"
 
 
 if __name__ == "__main__":

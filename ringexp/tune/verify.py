@@ -1,5 +1,5 @@
 """Verification: the fastest trials at full length over seeds against the baseline's, fastest first, each judged
-by compare's seed groups (ringexp.quality); the first equivalent one is chosen.
+by the seed groups of ringexp.verdicts (ringexp.quality); the first equivalent one is chosen.
 
 The error bound (docs/tune.md): each candidate's verdict is paired over `tune.seeds` seeds and tests equivalence
 at alpha = tune.error / tune.verify (Bonferroni over the verification slots). The tune chooses a harmful candidate
@@ -9,10 +9,13 @@ tune.error. A candidate is chosen only on every seed of it and of the baseline c
 (a validation-set bootstrap, which leaves out the seeds' variance) neither chooses nor stops one.
 """
 
+from dataclasses import dataclass, field
+from typing import Protocol
+
 from tqdm import tqdm
 
-from ringexp.tune import budget
-from ringexp.tune.budget import FULL
+from ringexp.tune.budget import FULL, Budget
+from ringexp.tune.ranking import Ranking
 from ringexp.verdicts.groups import QUALITY, seed_groups
 from ringexp.verdicts.groups import judge as judged
 from ringexp.verdicts.groups import report as seed_report
@@ -22,28 +25,48 @@ STOPS = ("worse", "not equivalent")  # a decisive verdict that no further seed w
 CHOOSES = ("equivalent", "better")
 
 
+@dataclass
+class Verification:
+    """What verification did, filled in as it goes (an interrupted tune's playbook shows what it had): each
+    verified candidate with its (headline Verdict or None, note), those not verified and why, the chosen one."""
+    verified: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    chosen: object = None
+
+
+class Runs(Protocol):
+    """The full-length runs verification asks for: a tune's (FullRuns), or a simulation's (tests/test_tune_error.py)."""
+
+    def full(self, c, i: int) -> dict: ...  # seed i's run of candidate c (None: the baseline), run or recorded
+
+    def pair(self, cand: str): ...  # (cand's seed group, the baseline's) over their completed runs, or None
+
+    def affords(self, c) -> bool: ...  # whether every seed of c and the baseline still to run is paid for
+
+
 def alpha(tc) -> float:
     """Each one-sided test's level: the tune's error level over its verification slots (Bonferroni)."""
     return tc.error / tc.verify
 
 
-def verify(t, tried: list, bar=tqdm) -> None:
+def verify(tc, tried: list, runs: Runs, bar=tqdm, into: Verification | None = None) -> Verification:
     """Fastest first: each candidate over its seeds and the baseline's (stopped early by a decisive worse or not
     equivalent, or a failed run); the first one chosen() is. A knob value that made its own preset worse (the preset
     without it verified and not worse) is not verified again on another preset (`blamed`)."""
-    blamed = {}
+    v, blamed = into if into is not None else Verification(), {}
     for c, _ in bar(tried, desc="verify", leave=False):
-        if len(t.verified) == t.tc.verify:
-            return
+        if len(v.verified) == tc.verify:
+            break
         if (why := next((k for k in c.overrides[1:] if k in blamed), None)) is not None:
-            t.skipped.append((c, f"{why} made {blamed[why]} worse than {blamed[why].split()[0]} without it"))
+            v.skipped.append((c, f"{why} made {blamed[why]} worse than {blamed[why].split()[0]} without it"))
             continue
-        if not verify_one(t, c):
-            return
-        if chosen(t.tc, t.verified[-1][1]):
-            t.chosen = c
-            return
-        blamed |= blame(t, c)
+        if not verify_one(tc, runs, c, v):
+            break
+        if chosen(tc, v.verified[-1][1]):
+            v.chosen = c
+            break
+        blamed |= blame(v, c)
+    return v
 
 
 def chosen(tc, verdict) -> bool:
@@ -53,86 +76,99 @@ def chosen(tc, verdict) -> bool:
     return bool(v and v.decisive and v.seeds == tc.seeds and v.word in CHOOSES)
 
 
-def blame(t, c) -> dict:
+def blame(v: Verification, c) -> dict:
     """{knob override: candidate name} for `c`'s knobs when `c` was decisively worse and its own preset without
     them was verified and not worse: only then is the knob, not the preset, what made it worse."""
-    mine = t.verified[-1][1]
+    mine = v.verified[-1][1]
     if len(c.overrides) < 2 or not (mine and mine[0] and mine[0].decisive and mine[0].word == "worse"):
         return {}
-    preset = next((v for d, v in t.verified if d.overrides == c.overrides[:1]), None)
+    preset = next((x for d, x in v.verified if d.overrides == c.overrides[:1]), None)
     if not (preset and preset[0] and preset[0].decisive and preset[0].word != "worse"):
         return {}
     return {k: c.name for k in c.overrides[1:]}
 
 
-def verify_one(t, c) -> bool:
+def verify_one(tc, runs: Runs, c, v: Verification) -> bool:
     """Run `c`'s seeds (and the baseline's) as far as they decide; False, before any, where the budget cannot
     pay for all of them (a candidate verified on fewer seeds than it needs could not be chosen)."""
-    if not t.affords(c):
+    if not runs.affords(c):
         return False
     failed = None
-    for i in range(t.tc.seeds):
-        runs = [t.full(None, i), t.full(c, i)]
-        if (bad := next((r for r in runs if r["status"] != "completed"), None)) is not None:
+    for i in range(tc.seeds):
+        got = [runs.full(None, i), runs.full(c, i)]
+        if (bad := next((r for r in got if r["status"] != "completed"), None)) is not None:
             failed = f"{bad['candidate']} seed {bad['seed']} {bad['status']}: not chosen"
             break
-        if stops(judge(t, c)):
+        if stops(judge(tc, runs, c)):
             break
-    verdict = judge(t, c)
+    verdict = judge(tc, runs, c)
     if failed:
         verdict = (verdict[0] if verdict else None, "; ".join(x for x in (verdict and verdict[1], failed) if x))
-    t.verified.append((c, verdict))
+    v.verified.append((c, verdict))
     return True
-
-
-def affords(t, c) -> bool:
-    """Whether the budget pays for every seed of `c` and the baseline still to run (or they decide it already)."""
-    return decided(t, c) or t.budget.covers(budget.verifying(t, c))
 
 
 def stops(verdict) -> bool:
     return bool(verdict and verdict[0] and verdict[0].decisive and verdict[0].word in STOPS)
 
 
-def decided(t, c) -> bool:
-    """Whether `c`'s recorded runs already decide it (a continued tune): every seed run, a failed run, or a
-    verdict that stops verification early."""
-    done = budget.left(t, None) == budget.left(t, c) == 0
-    failed = any(r["status"] != "completed" for r in t.log.done.values()
-                 if r["phase"] in FULL and r["candidate"] in ("baseline", c.name))
-    return done or failed or stops(judge(t, c))
-
-
-def judge(t, c):
+def judge(tc, runs: Runs, c):
     """(headline Verdict or None, note) of candidate `c` against the baseline over their completed verification
     runs so far, at the tune's alpha; None before both have one."""
-    pair = t.pair(c.name)
+    pair = runs.pair(c.name)
     if pair is None:
         return None
-    verdicts, note = judged(*pair, t.tc.quality_budget, alpha(t.tc))
+    verdicts, note = judged(*pair, tc.quality_budget, alpha(tc))
     return (verdicts[QUALITY[0]], note) if verdicts.get(QUALITY[0]) or note else None
 
 
-def pair(t, cand: str):
-    """(the seed group of `cand`'s completed verification runs, the baseline's), read from their directories; None
-    before both have one. (The Tune's `pair`: a simulation gives its own.)"""
-    runs = load_local([r["dir"] for r in t.log.done.values()
+@dataclass(frozen=True)
+class FullRuns:
+    """A tune's full-length runs: run (or read from trials.jsonl) by `run(c, i)`, judged from their directories,
+    paid for out of `budget` as `ranking` estimates them."""
+    tc: object
+    run: object  # (c, i) -> the record of seed i's full-length run of c (loop.Job.full)
+    budget: Budget
+    ranking: Ranking
+
+    def full(self, c, i: int) -> dict:
+        return self.run(c, i)
+
+    def pair(self, cand: str):
+        return pair(self.budget.log.done, cand)
+
+    def affords(self, c) -> bool:
+        """Whether the budget pays for every seed of `c` and the baseline still to run (or they decide it)."""
+        return self.decided(c) or self.budget.covers(self.budget.verifying(self.ranking, c))
+
+    def decided(self, c) -> bool:
+        """Whether `c`'s recorded runs already decide it (a continued tune): every seed run, a failed run, or a
+        verdict that stops verification early."""
+        done = self.budget.left(None) == self.budget.left(c) == 0
+        failed = any(r["status"] != "completed" for r in self.budget.log.done.values()
+                     if r["phase"] in FULL and r["candidate"] in ("baseline", c.name))
+        return done or failed or stops(judge(self.tc, self, c))
+
+
+def pair(done: dict, cand: str):
+    """(the seed group of `cand`'s completed verification runs among trial records `done`, the baseline's), read
+    from their directories; None before both have one."""
+    runs = load_local([r["dir"] for r in done.values()
                        if r["phase"] in FULL and r["candidate"] in ("baseline", cand) and r["status"] == "completed"])
     groups = seed_groups(runs)
-    base = [g for g in groups if any(r["dir"] in dirs(t, "baseline") for r in g.runs)]
-    mine = [g for g in groups if any(r["dir"] in dirs(t, cand) for r in g.runs)]
+    base = [g for g in groups if any(r["dir"] in dirs(done, "baseline") for r in g.runs)]
+    mine = [g for g in groups if any(r["dir"] in dirs(done, cand) for r in g.runs)]
     return (mine[0], base[0]) if base and mine else None
 
 
-def dirs(t, cand: str) -> set:
-    return {r["dir"] for r in t.log.done.values() if r["phase"] in FULL and r["candidate"] == cand}
+def dirs(done: dict, cand: str) -> set:
+    return {r["dir"] for r in done.values() if r["phase"] in FULL and r["candidate"] == cand}
 
 
-def report(t):
-    """compare's seed-group report over every verification run, at the tune's alpha (None before any)."""
-    runs = load_local([r["dir"] for r in t.log.done.values() if r["phase"] in FULL
-                       and r["status"] == "completed"])
+def report(tc, done: dict):
+    """The seed-group report over every verification run among trial records `done`, at the tune's alpha (None
+    before any)."""
+    runs = load_local([r["dir"] for r in done.values() if r["phase"] in FULL and r["status"] == "completed"])
     groups = seed_groups(runs)
-    base = next((i for i, g in enumerate(groups) if any(r["dir"] in dirs(t, "baseline") for r in g.runs)), None)
-    return seed_report(groups, base, t.tc.quality_budget, alpha(t.tc)) if groups else None
-
+    base = next((i for i, g in enumerate(groups) if any(r["dir"] in dirs(done, "baseline") for r in g.runs)), None)
+    return seed_report(groups, base, tc.quality_budget, alpha(tc)) if groups else None
