@@ -18,7 +18,7 @@
 #   and period (10 + 16) fit in one.
 # averaging-exhaustive: the same space's exhaustive sweep at seed 0 (Slurm) into
 #   outputs/tune-story/averaging-exhaustive (about 20 min).
-# Then python -m ringexp.tune.story writes outputs/tune-story/report.md (docs/results/tune-story.md).
+# Then python -m studies.tune_story writes outputs/tune-story/report.md (docs/results/tune-story.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh" >/dev/null
@@ -92,4 +92,4 @@ if [[ " ${parts[*]} " == *" averaging-exhaustive "* ]]; then
   python -m ringexp.compare "$out"/averaging-exhaustive/[0-9]* --out "$out/averaging-exhaustive"
 fi
 [[ " ${parts[*]} " == *" averaging"* ]] && exit 0
-python -m ringexp.tune.story "$out"  # the exhaustive sweep as recorded: docs/results/tune-story-sweep.json
+python -m studies.tune_story "$out"  # the exhaustive sweep as recorded: docs/results/tune-story-sweep.json

@@ -1,4 +1,4 @@
-"""python -m ringexp.tune.replay: the seconds an order of candidates spends before it has tried the best equivalent,
+"""python -m studies.tune_replay: the seconds an order of candidates spends before it has tried the best equivalent,
 on small sweeps whose answer is known by hand, and the sweep of docs/results/tune-story.md as transcribed."""
 
 from collections import Counter
@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ringexp.tune import replay
+from studies import tune_replay as replay
 
 
 def row(name: str, wall_s: float, verdict: str = "worse", whole_s: float = 10.0, auroc: float = 0.9) -> dict:

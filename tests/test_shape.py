@@ -5,15 +5,16 @@ lint-imports, keeps the imports at the top pointing down)."""
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "ringexp"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = (ROOT / "ringexp", ROOT / "studies")
 MAX_LINES = 50
 
 
 def functions():
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                yield path.relative_to(PACKAGE.parent), node
+                yield path.relative_to(ROOT), node
 
 
 def test_no_function_is_longer_than_a_screen():

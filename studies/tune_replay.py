@@ -1,7 +1,7 @@
 """The tune's candidate ordering replayed offline on the recorded exhaustive sweep, against random order and Optuna
 (issue 41, "measured, not argued"): the seconds of trials each order spends before it has tried the sweep's best
 *equivalent* candidate.
-    python -m ringexp.tune.replay [PATH.json]   -> docs/results/tune-replay.md (and prints it)
+    python -m studies.tune_replay [PATH.json]   -> docs/results/tune-replay.md (and prints it)
 PATH.json (default docs/results/tune-story-sweep.json) is docs/results/tune-story.md's exhaustive sweep as data:
 every candidate run once at full length, seed 0, with its verdict against DDP and its wall seconds. A trial of a
 candidate costs that recorded run; an order stops once it has tried the best equivalent (the highest whole-run
@@ -346,7 +346,7 @@ def main(argv: list) -> int:
     shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
     body = report(path)
     text = "\n".join(["# The tune's order against random order and Optuna, replayed", "",
-                      f"`python -m ringexp.tune.replay {shown}` at commit {commit()}; the sweep: "
+                      f"`python -m studies.tune_replay {shown}` at commit {commit()}; the sweep: "
                       f"{records.read_json(path).get('source', '')}", "", body])
     print(text)
     records.write_file(OUT, text + "\n")

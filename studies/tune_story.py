@@ -1,20 +1,20 @@
 """The tune story's report (scripts/tune_story.sh): the exhaustive sweep of the search space judged candidate by
 candidate against plain DDP, the tune at its error bound against it, and the orders replayed.
-    python -m ringexp.tune.story outputs/tune-story [SWEEP.json]
+    python -m studies.tune_story outputs/tune-story [SWEEP.json]
                                                 -> outputs/tune-story/report.md (and prints it)
 SWEEP.json (default docs/results/tune-story-sweep.json) is the exhaustive sweep as recorded: every candidate at
 full length once, seed 0, judged on the validation set against DDP's seed-0 run (one seed each: an indication, the
 tune's verification decides over seeds). The tune is outputs/tune-story/bound (its result.json and trials.jsonl);
-the replayed orders are docs/results/tune-replay.md's table (python -m ringexp.tune.replay)."""
+the replayed orders are docs/results/tune-replay.md's table (python -m studies.tune_replay)."""
 
 import statistics
 import sys
 from pathlib import Path
 
 from ringexp import records
-from ringexp.tune.replay import OUT as REPLAY
-from ringexp.tune.replay import SWEEP
 from ringexp.verdicts.cells import markdown_table
+from studies.tune_replay import OUT as REPLAY
+from studies.tune_replay import SWEEP
 
 CHOOSES = ("equivalent", "better")
 LAUNCH_S = 22.0  # one Slurm run's launch beyond its wall time, as the story's first tunes measured it
@@ -113,9 +113,9 @@ def fmt_x(x) -> str:
 
 
 def replay_lines() -> list:
-    """docs/results/tune-replay.md's table of orders (python -m ringexp.tune.replay writes it)."""
+    """docs/results/tune-replay.md's table of orders (python -m studies.tune_replay writes it)."""
     if not REPLAY.exists():
-        return ["## Orders replayed: not run (python -m ringexp.tune.replay)", ""]
+        return ["## Orders replayed: not run (python -m studies.tune_replay)", ""]
     text = REPLAY.read_text().splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("## Orders against each other"))
     end = next(i for i in range(start + 1, len(text)) if text[i].startswith("## "))
