@@ -92,4 +92,4 @@ if [[ " ${parts[*]} " == *" averaging-exhaustive "* ]]; then
   python -m ringexp.compare "$out"/averaging-exhaustive/[0-9]* --out "$out/averaging-exhaustive"
 fi
 [[ " ${parts[*]} " == *" averaging"* ]] && exit 0
-python -m studies.tune_story "$out"  # the exhaustive sweep as recorded: docs/results/tune-story-sweep.json
+(cd "$root" && python -m studies.tune_story "$out")  # the exhaustive sweep as recorded: docs/results/tune-story-sweep.json
