@@ -22,10 +22,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from ringexp import backend, checkpoint, conffiles, records, rundir
+from ringexp import backend, checkpoint, entry, records, rundir
 from ringexp.config import CONF_DIR, Device, credentials, hidden, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
-from ringexp.launch import as_rank, launch, refused_elsewhere, run_worker, slurm_task, worker_failure
+from ringexp.launch import launch, refused_elsewhere, run_worker, slurm_task, worker_failure
 from ringexp.trainer import resume_mode
 from ringexp.validate import checked, compose_config, job_world
 
@@ -176,7 +176,7 @@ def worker_rank_main() -> None:
     """A non-zero rank under an external torchrun: same config, no run directory of its own. A configuration error
     is rank 0's to print (it composes the same config): once, not once per rank."""
     try:
-        config = compose_config([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))])
+        config = compose_config(entry.overrides(sys.argv[1:]))
     except ConfigError:
         refused_elsewhere()
     except KeyboardInterrupt:  # torchrun's agent stopped this rank before it started: another rank failed, and says
@@ -188,25 +188,9 @@ def worker_rank_main() -> None:
         sys.exit(1)
 
 
-def check_argv(args: list) -> None:
-    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`)."""
-    for a in args:
-        if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
-            raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
-
-
 def cli() -> None:
     stop.default()  # the imports are done: until workers start, Ctrl-C is Python's KeyboardInterrupt
-    try:
-        check_argv(sys.argv[1:])
-        with conffiles.gate():  # every option file Hydra composes, checked as it reads it (ringexp.conffiles)
-            as_rank(main, worker_rank_main, srun=False)
-    except ConfigError as e:
-        print_error(str(e))
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print_error("interrupted")
-        sys.exit(stop.EXIT_CODE)
+    entry.run(main, worker_rank_main, srun=False)
 
 
 if __name__ == "__main__":

@@ -117,13 +117,14 @@ def test_every_program_that_composes_option_files_refuses_the_same_file(tmp_path
 
 
 def test_every_hydra_app_and_composition_in_ringexp_passes_through_the_gate():
-    """A future program too: a module that runs a Hydra app is entered through conffiles.gate(), and only
-    conffiles composes with Hydra's compose API."""
+    """A future program too: a module that runs a Hydra app is entered through ringexp.entry.run, which holds
+    conffiles.gate(), and only conffiles composes with Hydra's compose API."""
+    assert "with conffiles.gate():" in (ROOT / "ringexp" / "entry.py").read_text()
     for path in (ROOT / "ringexp").rglob("*.py"):
         text = path.read_text()
         if "@hydra.main" in text:
             entry = path.parent / "__main__.py" if path.name == "__init__.py" else path
-            assert "conffiles.gate()" in entry.read_text() + text, f"{path}: a Hydra app outside conffiles.gate()"
+            assert "entry.run(" in entry.read_text() + text, f"{path}: a Hydra app not entered through entry.run"
         imported = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom) and n.module == "hydra"
                     for a in n.names}
         assert path.name == "conffiles.py" or "compose" not in imported, f"{path}: composes outside the gate"

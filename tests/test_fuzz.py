@@ -16,8 +16,9 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp.config import CONF_DIR, TrainConfig
+from ringexp.entry import check_argv
 from ringexp.errors import ConfigError
-from ringexp.train import check_argv, prepare
+from ringexp.train import prepare
 
 N = 200
 GROUPS = {group: [p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")] + ["bogus"]

@@ -10,9 +10,10 @@ from helpers.runs import make_image_folder
 from hydra import compose, initialize_config_dir
 
 from ringexp.config import CONF_DIR
+from ringexp.entry import check_argv
 from ringexp.plan.cli import load
 from ringexp.predict import preset_config
-from ringexp.train import check_argv, prepare
+from ringexp.train import prepare
 
 
 def readme_commands() -> list:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from ringexp import comm, compress, conffiles, records
+from ringexp import comm, compress, conffiles, entry, records
 from ringexp import dist as rdist
 from ringexp.bench.config import BenchConfig
 from ringexp.config import CONF_DIR, CompressionConfig, Device, credentials, hidden, plain
@@ -344,7 +344,7 @@ def failed(run_dir: Path, message: str, code: int) -> None:
 def other_rank() -> None:
     """A non-zero rank under torchrun: the same bench config, composed without Hydra's app (no run directory)."""
     try:
-        cfg = conffiles.compose([a for a in sys.argv[1:] if not a.startswith(("hydra.", "hydra/", "-"))], "bench")
+        cfg = conffiles.compose(entry.overrides(sys.argv[1:]), "bench")
         config = OmegaConf.to_object(cfg)
         check(config, external=True)
     except (ConfigError, ValueError) as e:

@@ -10,11 +10,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ringexp import conffiles
+from ringexp import conffiles, entry
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError, print_error
-from ringexp.launch import as_rank, refused_elsewhere
+from ringexp.launch import refused_elsewhere
 from ringexp.plan import accuracy, calibrate, predict
 from ringexp.plan.config import PlanConfig
 
@@ -90,15 +90,14 @@ def other_rank(args: list) -> None:
 def main() -> None:
     args = sys.argv[1:]
     command = args[0] if args and args[0] in COMMANDS else None
-    try:
+    rest = args[1:] if command else args
+
+    def start() -> None:
         if command is None and not any(a in HELP for a in args):
             raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
-        rest = args[1:] if command else args
-        with conffiles.gate():  # every option file Hydra composes, checked as it reads it (ringexp.conffiles)
-            if command == "calibrate":
-                as_rank(lambda: app(command, rest), lambda: other_rank(rest))
-            else:
-                app(command, rest)
-    except ConfigError as e:
-        print_error(str(e))
-        sys.exit(2)
+        app(command, rest)
+
+    if command == "calibrate":  # (a rank of a torchrun or Slurm job: calibrate measures on every rank)
+        entry.run(start, lambda: other_rank(rest))
+    else:
+        entry.run(start, srun=False)

@@ -13,7 +13,7 @@ from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
-from ringexp import conffiles, records, rundir, stop
+from ringexp import conffiles, entry, records, rundir, stop
 from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
@@ -158,28 +158,25 @@ def main(argv=None) -> int:
     """The tune's exit code: 0 done, 2 refused (one line, nothing written), 130 interrupted, 1 Hydra's own refusal
     of a key or value it cannot compose (its message)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    try:
+    code = [0]
+
+    def tune_app() -> None:
         own, train = split(args)
-    except ConfigError as e:
-        print_error(str(e))
-        return 2
-    code, saved = [0], sys.argv
-    sys.argv = ["ringexp.tune", *own]  # what Hydra's app parses
+        saved, sys.argv = sys.argv, ["ringexp.tune", *own]  # what Hydra's app parses
 
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="tune")
-    def app(cfg) -> None:
-        code[0] = start(cfg, train, args)
+        @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="tune")
+        def app(cfg) -> None:
+            code[0] = start(cfg, train, args)
+
+        try:
+            app()
+        finally:
+            sys.argv = saved
 
     try:
-        with conffiles.gate():  # every option file Hydra composes, checked as it reads it (ringexp.conffiles)
-            app()
-    except ConfigError as e:
-        print_error(str(e))
-        return 2
+        entry.run(tune_app, srun=False, args=args)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = saved
     return code[0]
 
 

@@ -1,0 +1,38 @@
+"""How a program starts (python -m ringexp.train, .bench, .plan, .tune): its Hydra app, every option file checked
+as Hydra reads it (ringexp.conffiles), on rank 0 or where no external launcher runs it, and on the other ranks of a
+torchrun job the same composition without Hydra's app (launch.as_rank); what it refuses is ringexp's one line and
+exit 2, Ctrl-C one line and stop's exit code, never a traceback."""
+
+import sys
+
+from ringexp import conffiles, stop
+from ringexp.errors import ConfigError, print_error
+from ringexp.launch import as_rank
+
+
+def run(app, other=None, srun: bool = True, args: list | None = None):
+    """`app()` (the program's Hydra app), or `other()` on a non-zero rank of an external launcher (None: `app`),
+    inside conffiles' gate; its return value. `args`: the command line's arguments (None: sys.argv's)."""
+    try:
+        check_argv(sys.argv[1:] if args is None else args)
+        with conffiles.gate():
+            return as_rank(app, other or app, srun=srun)
+    except ConfigError as e:
+        print_error(str(e))
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        sys.exit(stop.EXIT_CODE)
+
+
+def overrides(args: list) -> list:
+    """The composition's own overrides among a command line's arguments: Hydra's (hydra.*, hydra/..., its flags)
+    left out, as a rank composing without Hydra's app takes them."""
+    return [a for a in args if not a.startswith(("hydra.", "hydra/", "-"))]
+
+
+def check_argv(args: list) -> None:
+    """What Hydra itself answers with a traceback rather than a message: an override without a key (`=3`)."""
+    for a in args:
+        if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
+            raise ConfigError(f"override '{a}' has no key; write KEY=VALUE (e.g. steps=100)")
