@@ -33,6 +33,7 @@ from hydra import initialize_config_dir
 from ringexp import predict, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
+from ringexp.errors import one_line, print_error
 from ringexp.models import build_model
 from ringexp.tune import ranking, space
 from ringexp.tune.loop import COMPUTE
@@ -342,7 +343,16 @@ def commit() -> str:
 
 
 def main(argv: list) -> int:
-    path = Path(argv[0]) if argv else SWEEP
+    """Writes docs/results/tune-replay.md; 2 with one line where the sweep cannot be read or replayed."""
+    try:
+        return replayed(Path(argv[0]) if argv else SWEEP)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print_error(f"{argv[0] if argv else SWEEP}: cannot replay it ({one_line(str(e)) or type(e).__name__}); give "
+                    "an exhaustive sweep as docs/results/tune-story-sweep.json holds one")
+        return 2
+
+
+def replayed(path: Path) -> int:
     shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
     body = report(path)
     text = "\n".join(["# The tune's order against random order and Optuna, replayed", "",

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ringexp import records
+from ringexp.errors import one_line, print_error
 from ringexp.verdicts.cells import markdown_table
 from studies.tune_replay import OUT as REPLAY
 from studies.tune_replay import SWEEP
@@ -129,9 +130,22 @@ def report(out: Path, sweep_path: Path) -> str:
     return "\n".join(sweep_lines(sweep) + tune_lines(got, sweep, seeds) + replay_lines()) + "\n"
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1])
-    text = report(out, Path(sys.argv[2]) if len(sys.argv) > 2 else SWEEP)
-    out.mkdir(parents=True, exist_ok=True)
-    records.write_file(out / "report.md", text)
+def main(argv: list) -> int:
+    """OUT/report.md from the tune story's directory OUT (and the sweep); 2 with one line on bad input."""
+    if not argv:
+        print_error("usage: python -m studies.tune_story OUT [SWEEP.json] (scripts/tune_story.sh runs it)")
+        return 2
+    out = Path(argv[0])
+    try:
+        text = report(out, Path(argv[1]) if len(argv) > 1 else SWEEP)
+        out.mkdir(parents=True, exist_ok=True)
+        records.write_file(out / "report.md", text)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+        print_error(f"{out}: cannot report the tune story ({one_line(str(e)) or type(e).__name__})")
+        return 2
     print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,7 @@
 """python -m studies.tune_replay: the seconds an order of candidates spends before it has tried the best equivalent,
 on small sweeps whose answer is known by hand, and the sweep of docs/results/tune-story.md as transcribed."""
 
+import importlib
 from collections import Counter
 
 import numpy as np
@@ -76,3 +77,18 @@ def test_the_planner_ranking_is_the_tune_space_over_the_sweep():
     # tune-story.md's last section: HEAD's ranking puts hierarchical_int8 9th of 20
     assert len(tried) == 20 and tried.index("+parallel=hierarchical_int8") == 8
     assert plan["names"]["+parallel=ddp accumulation=x4"] == "ddp accumulation.steps=4"
+
+
+@pytest.mark.parametrize("module, args, says", [
+    ("studies.tune_replay", ["{tmp}/missing.json"], "cannot replay it"),
+    ("studies.tune_replay", ["{tmp}/list.json"], "cannot replay it"),
+    ("studies.tune_story", [], "usage: python -m studies.tune_story OUT"),
+])
+def test_a_study_given_what_it_cannot_read_says_so_in_one_line(tmp_path, capsys, module, args, says):
+    """The studies' own entries (run from the root): a missing or malformed sweep, or no directory, is ringexp's
+    one line and exit 2, not a traceback."""
+    (tmp_path / "list.json").write_text("[1, 2]")
+    study = importlib.import_module(module)
+    assert study.main([a.format(tmp=tmp_path) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ringexp: error: ") and says in err, err
