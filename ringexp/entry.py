@@ -5,7 +5,10 @@ exit 2, Ctrl-C one line and stop's exit code, never a traceback."""
 
 import sys
 
+import hydra
+
 from ringexp import conffiles, stop
+from ringexp.config import CONF_DIR
 from ringexp.errors import ConfigError, print_error
 from ringexp.launch import as_rank
 
@@ -23,6 +26,27 @@ def run(app, other=None, srun: bool = True, args: list | None = None):
     except KeyboardInterrupt:
         print_error("interrupted")
         sys.exit(stop.EXIT_CODE)
+
+
+def hydra_app(config_name: str, prog: str, args: list, body) -> None:
+    """`body(cfg)` in Hydra's app over conf/`config_name`.yaml and `args` (its overrides and flags, --help), the app
+    named `prog`: for a program whose command line holds more than its own config's keys (plan's command and
+    training overrides, the tune's training overrides). A ConfigError inside is one line and exit 2 there, where
+    Hydra would otherwise report it with its own traceback."""
+    saved, sys.argv = sys.argv, [prog, *args]  # what Hydra's app parses
+
+    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name=config_name)
+    def app(cfg) -> None:
+        try:
+            body(cfg)
+        except ConfigError as e:
+            print_error(str(e))
+            sys.exit(2)
+
+    try:
+        app()
+    finally:
+        sys.argv = saved
 
 
 def overrides(args: list) -> list:

@@ -5,15 +5,13 @@ other KEY=VALUE is a training override (predict's). cluster=PATH.yaml loads that
 import dataclasses
 import sys
 
-import hydra
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ringexp import conffiles, entry
 from ringexp.cluster import files as clusters
-from ringexp.config import CONF_DIR
-from ringexp.errors import ConfigError, print_error
+from ringexp.errors import ConfigError
 from ringexp.launch import refused_elsewhere
 from ringexp.plan import accuracy, calibrate, predict
 from ringexp.plan.config import PlanConfig
@@ -57,24 +55,15 @@ def load(args: list) -> tuple:
 def app(command: str | None, args: list) -> None:
     """Hydra's app over the planner's arguments (its --help, its overrides, its errors), then the command."""
     plan, train, path = split(args)
-    argv, sys.argv = sys.argv, [f"ringexp.plan {command or ''}".strip(), *plan]  # what Hydra's app parses
 
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="plan")
     def run(cfg) -> None:
-        try:
-            if command is None:
-                raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
-            if command != "predict" and train:
-                raise ConfigError(f"{command} takes no training overrides (got {train[0]}); see conf/plan.yaml")
-            COMMANDS[command](resolved(cfg, path), train)
-        except ConfigError as e:
-            print_error(str(e))
-            sys.exit(2)
+        if command is None:
+            raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
+        if command != "predict" and train:
+            raise ConfigError(f"{command} takes no training overrides (got {train[0]}); see conf/plan.yaml")
+        COMMANDS[command](resolved(cfg, path), train)
 
-    try:
-        run()
-    finally:
-        sys.argv = argv
+    entry.hydra_app("plan", f"ringexp.plan {command or ''}".strip(), plan, run)
 
 
 def other_rank(args: list) -> None:

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -15,7 +14,7 @@ from tqdm import tqdm
 
 from ringexp import conffiles, entry, records, rundir, stop
 from ringexp import dist as rdist
-from ringexp.config import CONF_DIR, plain
+from ringexp.config import plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
 from ringexp.predict import measure_compute
@@ -162,16 +161,11 @@ def main(argv=None) -> int:
 
     def tune_app() -> None:
         own, train = split(args)
-        saved, sys.argv = sys.argv, ["ringexp.tune", *own]  # what Hydra's app parses
 
-        @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="tune")
-        def app(cfg) -> None:
+        def body(cfg) -> None:
             code[0] = start(cfg, train, args)
 
-        try:
-            app()
-        finally:
-            sys.argv = saved
+        entry.hydra_app("tune", "ringexp.tune", own, body)
 
     try:
         entry.run(tune_app, srun=False, args=args)
