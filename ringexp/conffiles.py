@@ -11,7 +11,8 @@ its sweep, the compose API's) checks each file as Hydra reads it and where Hydra
 
 - the file is read once, through ringexp's reader (UTF-8, at most records.SMALL bytes, no YAML alias, nesting
   bounded, a header Hydra can read): what Hydra parses is what was checked, and a malformed file is one line;
-- a training values file (any option but the primary config and the `hydra/` options) reaches under `hydra` only at
+- a training values file (any option but the primary config, a program's config it composes from ringexp's conf/
+  (conf/train.yaml in plan's and the tune's) and the `hydra/` options) reaches under `hydra` only at
   MAY_SET (a sweep's values, the run and sweep directories), holds no `_target_` and no `'()'` anywhere, selects no
   `hydra/` option in its defaults list, and its sweep sets no `hydra` key;
 - the primary config and the `hydra/` options come from ringexp's conf/, Hydra's package, a Hydra plugin's package
@@ -179,6 +180,8 @@ def place(loader, default, repo) -> ConfigResult:
             raise Refused(f"{where}: ringexp takes {what} only from its own conf/, Hydra and Hydra's plugins, not "
                           "from a folder the command line adds; remove it from that folder")
         return res
+    if "/" not in default.config_path and trusted(res.path):  # a program's own config (train.yaml in plan's, the
+        return res  # tune's), its hydra settings ringexp's
     values_only(where, res, default.config_path)
     return res
 

@@ -22,15 +22,17 @@ from omegaconf import OmegaConf
 from ringexp.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-# The config groups of each tool besides training, which composes every other group of conf/ (the tools share
-# the directory): what each one's --help lists (conf/hydra/help/ringexp.yaml).
-TOOL_GROUPS = {"plan": ("cluster",), "bench": ("logger",)}
+# The tools share conf/: the bench composes only its logger group; plan, train and the tune compose the training
+# groups, and only plan the cluster group (what each one's --help lists, conf/hydra/help/ringexp.yaml).
+BENCH_GROUPS = ("logger",)
+PLAN_ONLY = "cluster"
 
 
 def help_groups(app: str) -> str:
     """`app`'s config groups and their options, one "group: a, b" line each, as Hydra's --help lists them."""
-    own = TOOL_GROUPS.get(app) or sorted(d.name for d in Path(CONF_DIR).iterdir() if d.is_dir() and d.name != "hydra"
-                                         and d.name not in TOOL_GROUPS["plan"])
+    own = BENCH_GROUPS if app == "bench" else sorted(
+        d.name for d in Path(CONF_DIR).iterdir() if d.is_dir() and d.name != "hydra" and (d.name != PLAN_ONLY
+                                                                                       or app == "plan"))
     return "\n".join(f"{g}: {', '.join(sorted(f.stem for f in Path(CONF_DIR, g).glob('*.yaml')))}" for g in own)
 
 
@@ -523,9 +525,11 @@ def hidden(value, names):
 
 
 def register(name: str, schema) -> None:
-    """A program's root schema, for its conf/*.yaml defaults list. Only the root schemas: group options stay the
-    YAML files, so Hydra's list of choices is clean (each program registers its own: plan, bench, tune)."""
-    ConfigStore.instance().store(name=name, node=schema)
+    """A program's root schema: option `name` of the `schema` group, at the root, for its conf/*.yaml defaults list
+    (`- schema: train`). A group, so that a program composing the training config with its own keys (plan, tune)
+    swaps the root's type with `override schema: NAME` for a subclass of TrainConfig. Only the root schemas: group
+    options stay the YAML files, so Hydra's list of choices is clean (each program registers its own)."""
+    ConfigStore.instance().store(group="schema", name=name, node=schema, package="_global_")
 
 
-register("train_schema", TrainConfig)
+register("train", TrainConfig)

@@ -6,6 +6,7 @@ exit 2, Ctrl-C one line and stop's exit code, never a traceback."""
 import sys
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from ringexp import conffiles, stop
 from ringexp.config import CONF_DIR
@@ -53,6 +54,23 @@ def overrides(args: list) -> list:
     """The composition's own overrides among a command line's arguments: Hydra's (hydra.*, hydra/..., its flags)
     left out, as a rank composing without Hydra's app takes them."""
     return [a for a in args if not a.startswith(("hydra.", "hydra/", "-"))]
+
+
+def others(overrides: list, own) -> list:
+    """The overrides (Hydra's parsed) whose key is none of `own` and under none of them: the training overrides a
+    program composing the training config with its own keys passes on (the tune's trials, plan predict's presets)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [o.input_line for o in parsed if o.key_or_group not in own and o.key_or_group.split(".")[0] not in own]
+
+
+def one_run(args: list, why: str) -> None:
+    """ConfigError where the command line asks for more than one run (-m, a sweep among its overrides) of a program
+    that runs once: outside Hydra's app, which would take -m as a sweep of the program or refuse the sweep in its
+    words."""
+    if any(a in ("-m", "--multirun") for a in args):
+        raise ConfigError(f"-m: {why}; drop -m")
+    if swept := conffiles.sweeps(overrides(args)):
+        raise ConfigError(f"{swept[0]}: a sweep; {why}: give one value")
 
 
 def check_argv(args: list) -> None:

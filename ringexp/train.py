@@ -37,7 +37,7 @@ def run_meta(cfg) -> dict:
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     name = ",".join(overrides) or "default"
-    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and k != "train_schema"}
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and k != "schema"}
     choices.setdefault("parallel", str(cfg.parallel.strategy))  # no preset: the schema's default
     multirun = hc.mode == RunMode.MULTIRUN
     sweep = Path(hc.sweep.dir).name if multirun else None

@@ -30,7 +30,7 @@ base=(model.width=48 data.image_size=16 data.batch_size=8 data.motif_contrast=2.
 task=("${base[@]}" optim.lr_rule=none)
 slurm=(hydra/launcher=slurm hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=2 hydra.launcher.array_parallelism=1)
 presets="ddp,ddp_fp16,ddp_tuned,hierarchical,hierarchical_int8,ring_fp16,ring_int8,ddp_powersgd,ddp_topk,fsdp"
-knobs="accumulation.steps=4,compression.ratio=0.05,compression.rank=2,compression.start_step=10"
+knobs="'accumulation.steps=4','compression.ratio=0.05','compression.rank=2','compression.start_step=10'"
 budget=36  # machine minutes; docs/results/tune-story.md's run stopped short of the third seed at 36 and was
 more=40    # continued with the same command at 40 (a tune's budget may grow when it continues)
 parts=("${@:-exhaustive planner random}")
@@ -70,7 +70,7 @@ if [[ " ${parts[*]} " == *" bound "* ]]; then
 fi
 if [[ " ${parts[*]} " == *" averaging "* ]]; then  # (the rule as the tune pairs it)
   space=("tune.presets=[local_sgd,local_sgd_int8,local_sgd_sign,diloco,hierarchical_int8]"
-         "tune.knobs=[parallel.period=4,16,parallel.warmup_steps=0,10]")
+         "tune.knobs=['parallel.period=4,16','parallel.warmup_steps=0,10']")
   python -m ringexp.tune "${base[@]}" +parallel=ddp steps=120 eval_every=8 "${space[@]}" \
     tune.budget_min=90 tune.seeds=7 tune.verify=10 tune.trial_steps=30 tune.rungs=1 \
     "tune.command=$cluster torchrun --nproc-per-node 2 -- -m ringexp.train" "tune.out=$out/averaging"

@@ -200,11 +200,11 @@ def test_a_glob_sweep_of_option_files_is_expanded_by_hydra_without_a_traceback(t
 
 
 @pytest.mark.parametrize("program", [["ringexp.tune", "tune.out={out}", "sweeps itself"],
-                                     ["ringexp.plan", "predict", "cluster=local_2x1_100mbit", "multirun"]])
+                                     ["ringexp.plan", "predict", "cluster=local_2x1_100mbit", "predicts every preset"]])
 @pytest.mark.parametrize("sweep", ["compression=glob(*)", "compression=fp16,bf16"])
 def test_a_sweep_among_the_training_overrides_of_the_tune_or_the_planner_is_one_line(tmp_path, program, sweep):
-    """Both compose the training overrides inside their own Hydra app, which reported Hydra's refusal as a failed
-    job (exit 1, "Error executing job")."""
+    """Both run once, composing the training overrides in their own Hydra app (which reported Hydra's refusal as a
+    failed job: exit 1, "Error executing job"): a sweep is refused before it, in ringexp's one line."""
     args = [program[0], *(a.format(out=tmp_path / "tune") for a in program[1:-1]), sweep]
     r = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=120)
     lines = [x for x in r.stderr.splitlines() if x.startswith("ringexp: error:")]

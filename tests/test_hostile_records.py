@@ -457,7 +457,7 @@ def test_a_cluster_named_with_900_kb_is_planned_into_a_bounded_directory_with_it
     plot's legend shows the name short (laying out 900 KB took minutes)."""
     monkeypatch.chdir(tmp_path)
     cluster = long_cluster(tmp_path / "long.yaml")
-    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", *PLAN[1:], f"cluster={cluster}",
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", *PLAN[1:], f"cluster_file={cluster}",
                                       "presets=[ddp,ring_fp16]"])
     with within(60):
         plan_main()
@@ -471,7 +471,7 @@ def test_a_cluster_named_with_900_kb_is_planned_into_a_bounded_directory_with_it
 def test_accuracy_on_a_cluster_named_with_900_kb_finishes_with_its_plot(tmp_path, monkeypatch, capsys):
     out = tmp_path / "acc"
     monkeypatch.setattr(sys, "argv", ["ringexp.plan", "accuracy", f"bench=[{bench_file(tmp_path / 'bench.json')}]",
-                                      f"cluster={long_cluster(tmp_path / 'long.yaml')}", f"out={out}"])
+                                      f"cluster_file={long_cluster(tmp_path / 'long.yaml')}", f"out={out}"])
     with within(60):
         plan_main()
     capsys.readouterr()

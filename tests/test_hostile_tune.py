@@ -131,7 +131,7 @@ def test_a_compute_json_that_is_no_measurement_is_measured_again(tmp_path, capsy
                                        ("amp.mode=fp8", "Invalid value 'fp8'")])
 def test_a_knob_value_out_of_range_is_refused_before_the_baseline_runs(tmp_path, knob, says):
     out = tmp_path / "tune"
-    code, err = tune_refusal([*TASK, f"tune.knobs=[{knob}]", f"tune.out={out}"])
+    code, err = tune_refusal([*TASK, f"tune.knobs=['{knob}']", f"tune.out={out}"])
     assert code == 2 and f"tune.knobs: {knob}: {says}" in err and err.count("\n") == 1, err
     assert not out.exists()
 

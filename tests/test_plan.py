@@ -235,17 +235,19 @@ def test_the_planner_s_bytes_are_the_ones_a_run_records_for_every_preset(monkeyp
 
 
 def test_help_lists_each_tool_s_own_groups(monkeypatch, capsys):
-    """--help is Hydra's page with the tool's own config groups: the planner's cluster files, training's groups."""
-    from ringexp import train
+    """--help is Hydra's page with the tool's own config groups: the planner's cluster files and the training groups
+    predict composes with them, training's groups without the cluster files, the bench's logger alone."""
+    from ringexp import bench, train
 
-    for argv, has, lacks in ((["ringexp.plan", "--help"], "cluster: ", "parallel: "),
-                             (["ringexp.plan", "predict", "--help"], "cluster: a100_4x8_100g, ", "model: "),
-                             (["ringexp.train", "--help"], "parallel: ddp", "cluster: ")):
+    for argv, has, lacks in ((["ringexp.plan", "--help"], ("cluster: ", "parallel: ddp"), "logger: wandb, none"),
+                             (["ringexp.plan", "predict", "--help"], ("cluster: a100_4x8_100g, ", "model: "), "\t"),
+                             (["ringexp.train", "--help"], ("parallel: ddp",), "cluster: "),
+                             (["ringexp.bench", "--help"], ("logger: none, wandb",), "parallel: ")):
         monkeypatch.setattr(sys, "argv", argv)
         with pytest.raises(SystemExit) as e:
-            (main if "plan" in argv[0] else train.main)()
+            {"plan": main, "train": train.main, "bench": bench.main}[argv[0].split(".")[1]]()
         out = capsys.readouterr().out
-        assert e.value.code in (0, None) and has in out and lacks not in out, out[:500]
+        assert e.value.code in (0, None) and all(h in out for h in has) and lacks not in out, out[:500]
 
 
 def plan(*args, timeout=240):
@@ -271,7 +273,7 @@ def test_calibrate_on_a_real_gloo_job_writes_a_cluster_file_that_predict_and_com
     assert "fit error by size 4 KB" in cl.intra.source and "not measured" in cl.inter.source  # one node: no inter level
 
     pred = tmp_path / "pred"
-    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster={out}", "+parallel=ring_fp16",
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster_file={out}", "+parallel=ring_fp16",
                                       "model.width=8", "forward_s=0.01", "backward_s=0.02", "optimizer_s=0.005",
                                       f"out={pred}"])
     main()
@@ -395,7 +397,7 @@ def test_a_cpu_rank_s_threads_follow_the_launcher_then_omp_num_threads_then_its_
     assert r.stdout.split() == ["1", "1"], r.stderr
 
 BAD = [
-    (["predict", "cluster=nosuch"], "cluster=nosuch: no such cluster file"),
+    (["predict", "cluster_file=/nonexistent/c.yaml"], "cluster_file=/nonexistent/c.yaml: cannot read it"),
     (["predict", "cluster.inter.beta_s_per_byte=-1e-9"], "cluster.inter.beta_s_per_byte=-1e-09: must be > 0"),
     (["predict", "cluster.intra.beta_s_per_byte=0"], "cluster.intra.beta_s_per_byte=0.0: must be > 0"),
     (["predict", "cluster.inter.beta_s_per_byte=inf"], "cluster.inter.beta_s_per_byte=inf: must be > 0 and at most"),
@@ -426,21 +428,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch,
     assert not out.exists()
 
 
-def test_a_composition_mistake_is_hydra_s_own_message_as_for_training(tmp_path, monkeypatch, capsys):
-    """A value of the wrong type is Hydra's to report (as `ringexp.train steps=abc` is): its message, exit 1, no
-    traceback, nothing written."""
-    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", "cluster.inter.beta_s_per_byte=.inf",
-                                      f"out={tmp_path / 'out'}"])
+@pytest.mark.parametrize("arg, says", [("cluster.inter.beta_s_per_byte=.inf",
+                                       "Value '.inf' of type 'str' could not be converted to Float"),
+                                      ("cluster=nosuch", "Could not find 'cluster/nosuch'"),
+                                      ("model=nosuch", "Could not find 'model/nosuch'")])
+def test_a_composition_mistake_is_hydra_s_own_message_as_for_training(tmp_path, monkeypatch, capsys, arg, says):
+    """A value of the wrong type or an option that is not there is Hydra's to report (as `ringexp.train steps=abc`
+    is): its message, exit 1, no traceback, nothing written."""
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", arg, f"out={tmp_path / 'out'}"])
     with pytest.raises(SystemExit) as e:
         main()
     err = capsys.readouterr().err
-    assert e.value.code == 1 and "Value '.inf' of type 'str' could not be converted to Float" in err
-    assert "Traceback" not in err and not (tmp_path / "out").exists()
+    assert e.value.code == 1 and says in err and "Traceback" not in err and not (tmp_path / "out").exists(), err
 
 
 def test_the_command_line_says_one_line_and_exits_2(tmp_path):
-    r = plan("predict", "cluster=nosuch", f"out={tmp_path / 'out'}", timeout=120)
-    assert r.returncode == 2 and "cluster=nosuch: no such cluster file; choose from" in error_line(r.stderr)
+    r = plan("predict", "cluster_file=/nonexistent/c.yaml", f"out={tmp_path / 'out'}", timeout=120)
+    assert r.returncode == 2 and "cluster_file=/nonexistent/c.yaml: cannot read it" in error_line(r.stderr), r.stderr
 
 
 def test_the_local_cluster_refuses_a_rate_of_0_before_making_anything_and_without_root(tmp_path):
@@ -506,7 +510,7 @@ def test_a_broken_cluster_file_is_one_line_naming_it_and_nothing_is_predicted(tm
     path = tmp_path / f"{case}.yaml"
     write(path)
     out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster={path}", "presets=[ddp,ddp_fp16]",
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster_file={path}", "presets=[ddp,ddp_fp16]",
                                       "forward_s=0.01", "backward_s=0.02", "optimizer_s=0.005", f"out={out}"])
     with pytest.raises(SystemExit) as e:
         main()
@@ -523,7 +527,7 @@ def test_a_fifo_as_cluster_file_is_refused_at_once(tmp_path, monkeypatch, capsys
     rescue = threading.Timer(10, lambda: os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK)))
     rescue.daemon = True
     rescue.start()
-    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster={fifo}", f"out={tmp_path / 'out'}"])
+    monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", f"cluster_file={fifo}", f"out={tmp_path / 'out'}"])
     t0 = time.monotonic()
     try:
         with pytest.raises(SystemExit) as e:
@@ -531,7 +535,7 @@ def test_a_fifo_as_cluster_file_is_refused_at_once(tmp_path, monkeypatch, capsys
     finally:
         rescue.cancel()
     assert time.monotonic() - t0 < 10 and e.value.code == 2
-    assert f"cluster={fifo}: cannot read it (not a regular file)" in error_line(capsys.readouterr().err)
+    assert f"cluster_file={fifo}: cannot read it (not a regular file)" in error_line(capsys.readouterr().err)
 
 
 BENCH_ROW = {"algorithm": "ring", "size_bytes": 4 << 20, "count": 1 << 20, "nodes": 2, "ranks_per_node": 2,

@@ -15,7 +15,7 @@ from helpers.processes import start_module, train_command
 from helpers.runs import TINY
 from hydra import compose, initialize_config_dir
 
-from ringexp import conffiles, parallel, records
+from ringexp import conffiles, entry, parallel, records
 from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
@@ -328,20 +328,23 @@ def refusal(args):
     return code, err.getvalue()
 
 
-def test_knobs_written_as_the_docs_write_them_are_the_tunes_and_never_a_training_override():
-    """tune.knobs=[KEY=V,...] is requoted for Hydra; the requoted one goes to the tune and nothing of it to the
-    trials' overrides (it once did, and every trial's composition failed on it)."""
-    own, train = cli.split(["tune.knobs=[accumulation.steps=4,compression.ratio=0.05]", "steps=3", "-c", "job"])
-    assert own[0] == "tune.knobs=['accumulation.steps=4','compression.ratio=0.05']" and train == ["steps=3"], own
-    own, _ = cli.split(["tune.knobs=[parallel.period=4,16,parallel.warmup_steps=0]"])
-    assert own[0] == "tune.knobs=['parallel.period=4,16','parallel.warmup_steps=0']", own
+def test_the_baseline_is_the_compositions_overrides_less_the_tunes_own(tmp_path):
+    """One Hydra composition of the training config and the tune's keys: the trials run Hydra's parsed overrides
+    less tune.* and the tune's directory, so a knob list (Hydra's grammar) goes to the tune and nothing of it to the
+    trials (it once did, and every trial's composition failed on it), and hydra/launcher=slurm goes to the trials."""
+    seen = []
+    args = ["steps=3", 'tune.knobs=["accumulation.steps=4","parallel.period=4,16"]', "+parallel=ring_fp16",
+            f"tune.out={tmp_path / 'tune'}", "hydra/launcher=slurm", "hydra.launcher.partition=debug"]
+    entry.hydra_app("tune", "ringexp.tune", args, lambda cfg: seen.append((cli.training(), list(cfg.tune.knobs))))
+    assert seen == [(["steps=3", "+parallel=ring_fp16", "hydra/launcher=slurm", "hydra.launcher.partition=debug"],
+                     ["accumulation.steps=4", "parallel.period=4,16"])], seen
 
 
 @pytest.mark.parametrize("extra,says", [
     (["tune.budget_min=0.01"], "tune.budget_min=0.01: the baseline's run of 12 steps"),
     (["tune.presets=[ddp]", "tune.knobs=[]"], "the search space is empty"),
     (["tune.quality_budget=-0.1"], "tune.quality_budget=-0.1: must be in [0, 1)"),
-    (["tune.knobs=[parallel.bucket_mb=5]"], "unknown knob 'parallel.bucket_mb'"),
+    (["tune.knobs=['parallel.bucket_mb=5']"], "unknown knob 'parallel.bucket_mb'"),
     (["tune.presets=[warp]"], "tune.presets: no preset warp"),
     (["tune.command=/nonexistent/launcher"], "cannot run '/nonexistent/launcher'"),
     (["hydra/launcher=slurm", "tune.command=echo"], "the launcher cannot reach the cluster"),

@@ -59,4 +59,4 @@ class BenchConfig:
         need(0 < self.timeout_s <= 86400, "bench: timeout_s", self.timeout_s, "must be in (0, 86400] seconds")
 
 
-register("bench_schema", BenchConfig)
+register("bench", BenchConfig)

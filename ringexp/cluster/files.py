@@ -42,16 +42,16 @@ def path_of(name: str) -> Path:
     return Path(name) if name.endswith((".yaml", ".yml")) else DIR / f"{name}.yaml"
 
 
-def read(path, over=None):
+def read(path, over=None, key: str = "cluster"):
     """The checked ClusterConfig of a cluster file (over `over`, a composed cluster config): a regular file of at
     most LIMIT bytes (a FIFO or a device is refused, not waited on), UTF-8 YAML, every number finite and in its
-    range; ConfigError naming the file otherwise."""
+    range; ConfigError naming the file (as `key`=path) otherwise."""
     try:
         return records.load_yaml(ClusterConfig, path, LIMIT, follow=True, over=over)
     except ConfigError as e:
         if not str(e).startswith(f"{path}: cannot read it"):
             raise
-        raise ConfigError(f"cluster={e}; give a conf/cluster/ YAML file") from None
+        raise ConfigError(f"{key}={e}; give a cluster YAML file") from None
 
 
 def calibrations(given=()) -> dict:

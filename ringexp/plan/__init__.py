@@ -15,6 +15,7 @@ predict    (predict.py) For cluster=NAME (or a YAML path) and a training config 
 accuracy   (accuracy.py) bench=[bench.json,...] of ringexp.bench run on the cluster: every row's median against
            the model (accuracy.md, .json and .png into out= when given).
 
-The command line (cli.py) is Hydra's, as ringexp.train's: the planner's keys (PlanConfig, conf/plan.yaml) and its
-`cluster` group; every other KEY=VALUE is a training override; --help lists the planner's groups.
+The command line (cli.py) is Hydra's, as ringexp.train's: the planner's keys (PlanConfig) and its `cluster` group
+composed with the training config as one (conf/plan.yaml); every other KEY=VALUE is a training override; --help
+lists the groups.
 """

@@ -1,10 +1,12 @@
 """The planner's command line: `python -m ringexp.plan calibrate|predict|accuracy [KEY=VALUE ...]`, Hydra's as
 ringexp.train's. PlanConfig's keys (conf/plan.yaml) and the `cluster` group go to the planner's config; every
-other KEY=VALUE is a training override (predict's). cluster=PATH.yaml loads that file over the default cluster."""
+other KEY=VALUE is a training override (predict's), composed with them as one config (conf/plan.yaml).
+cluster_file=PATH.yaml loads that file over the cluster."""
 
 import dataclasses
 import sys
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,24 +24,16 @@ PLAN_KEYS = {f.name for f in dataclasses.fields(PlanConfig)}
 HELP = ("--help", "-h", "--hydra-help", "--info", "--cfg", "-c")
 
 
-def split(args: list) -> tuple:
-    """(the planner's arguments, training overrides, the path of cluster=PATH.yaml or '')."""
-    plan = [a for a in args if a.startswith("-") or a.split("=", 1)[0].lstrip("+~").split(".")[0] in PLAN_KEYS]
-    path = next((a.split("=", 1)[1] for a in plan if a.startswith("cluster=") and a.endswith((".yaml", ".yml"))), "")
-    name = next((a.split("=", 1)[1] for a in plan if a.startswith("cluster=")), "")
-    if name and not path and name not in clusters.names():
-        raise ConfigError(f"cluster={name}: no such cluster file; choose from {', '.join(clusters.names())} "
-                          "(conf/cluster/), or give a YAML path")
-    if name and not path:  # read here first, so that Hydra, which reads it again, reads a file that is sound
-        clusters.read(clusters.path_of(name))
-    return [a for a in plan if not (path and a.startswith("cluster="))], [a for a in args if a not in plan], path
+def training(overrides: list) -> list:
+    """predict's training overrides: the composition's own overrides (Hydra's parsed) less the planner's keys."""
+    return entry.others(overrides, PLAN_KEYS)
 
 
-def resolved(cfg, path: str) -> PlanConfig:
-    """The composed planner config as a checked PlanConfig, the cluster file at `path` over its cluster."""
+def resolved(cfg) -> PlanConfig:
+    """The composed planner config as a checked PlanConfig, cluster_file's cluster over its cluster."""
     try:
-        if path:
-            cfg.cluster = clusters.read(path, over=cfg.cluster)
+        if cfg.cluster_file:
+            cfg.cluster = clusters.read(cfg.cluster_file, over=cfg.cluster, key="cluster_file")
         return OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException) as e:
         raise conffiles.composition_error(e) from None
@@ -48,22 +42,23 @@ def resolved(cfg, path: str) -> PlanConfig:
 def load(args: list) -> tuple:
     """(PlanConfig, training overrides) of the planner's KEY=VALUE arguments, composed without Hydra's app (a
     non-zero rank of calibrate, the README's check)."""
-    plan, train, path = split(args)
-    return resolved(conffiles.compose(plan, "plan"), path), train
+    given = entry.overrides(args)
+    return resolved(conffiles.compose(given, "plan")), training(given)
 
 
 def app(command: str | None, args: list) -> None:
     """Hydra's app over the planner's arguments (its --help, its overrides, its errors), then the command."""
-    plan, train, path = split(args)
 
     def run(cfg) -> None:
         if command is None:
             raise ConfigError(f"first argument must be calibrate, predict or accuracy; {USAGE}")
+        train = training(list(HydraConfig.get().overrides.task))
         if command != "predict" and train:
             raise ConfigError(f"{command} takes no training overrides (got {train[0]}); see conf/plan.yaml")
-        COMMANDS[command](resolved(cfg, path), train)
+        COMMANDS[command](resolved(cfg), train)
 
-    entry.hydra_app("plan", f"ringexp.plan {command or ''}".strip(), plan, run)
+    entry.one_run(args, "the planner predicts every preset itself (presets=)")
+    entry.hydra_app("plan", f"ringexp.plan {command or ''}".strip(), args, run)
 
 
 def other_rank(args: list) -> None:

@@ -1,18 +1,19 @@
-"""The planner's own keys (PlanConfig, conf/plan.yaml's root): everything `python -m ringexp.plan` takes besides
-training overrides."""
+"""The planner's own keys (PlanConfig): everything `python -m ringexp.plan` takes besides training overrides, and
+conf/plan.yaml's root (PlanApp), which composes them with the training config."""
 
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ringexp import quality
 from ringexp.cluster.schema import ClusterConfig, bytes_per_s
-from ringexp.config import need, register
+from ringexp.config import TrainConfig, need, register
 
 
 @dataclass
 class PlanConfig:
     """`python -m ringexp.plan calibrate|predict|accuracy` (conf/plan.yaml): see ringexp/plan/."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster_file: Optional[str] = None  # a cluster file outside conf/cluster/ (calibrate's out=), read over `cluster`
     nodes: Optional[int] = None  # predict: nodes to use (null: the cluster's)
     ranks_per_node: Optional[int] = None  # predict: ranks per node (null: the cluster's; at most that)
     forward_s: Optional[float] = None  # predict: one rank's forward, backward and optimizer step, seconds
@@ -55,4 +56,15 @@ class PlanConfig:
              "need >= 1 round and sizes >= 4 bytes")
 
 
-register("plan_schema", PlanConfig)
+@dataclass
+class PlanApp(PlanConfig, TrainConfig):
+    """conf/plan.yaml's root: the planner's keys and the training config (predict's baseline), one Hydra
+    composition, so that every argument is Hydra's own override; predict's training overrides are the composition's
+    own others (ringexp.plan.cli.training)."""
+
+    def __post_init__(self):
+        TrainConfig.__post_init__(self)
+        PlanConfig.__post_init__(self)
+
+
+register("plan", PlanApp)

@@ -1,6 +1,7 @@
-"""`python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...]`: Hydra's app over the tune's own keys
-(conf/tune.yaml: tune.*, hydra.run.dir, --help, --cfg), the checks made before anything is written, and the run of
-its phases (ringexp.tune.loop) into one directory. Every other KEY=VALUE is a training override."""
+"""`python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...]`: Hydra's app over the training config and the
+tune's keys composed as one (conf/tune.yaml: tune.*, hydra.run.dir, --help, --cfg), the checks made before anything
+is written, and the run of its phases (ringexp.tune.loop) into one directory. The composition's overrides other
+than the tune's own are the baseline's (training())."""
 
 import shutil
 import subprocess
@@ -8,12 +9,11 @@ import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from ringexp import conffiles, entry, records, rundir, stop
 from ringexp import dist as rdist
+from ringexp import entry, records, rundir, stop
 from ringexp.config import plain
 from ringexp.errors import ConfigError, RunDirTaken, one_line, print_error
 from ringexp.models import build_model
@@ -25,62 +25,22 @@ from ringexp.tune.loop import Tune
 
 USAGE = "usage: python -m ringexp.tune [training overrides] [tune.KEY=VALUE ...] (--help for the keys)"
 STATE = "tune.json"  # the tune's own configuration: what a second start must match to continue it
-RUN_DIR = "hydra.run.dir="
-FLAG_VALUES = ("--cfg", "-c", "--package", "-p", "--info", "-i")  # Hydra's flags that take a value
+TUNE_HYDRA = ("hydra.run.dir", "hydra.mode")  # Hydra's keys that are the tune's own: its directory, its mode
 
 
-def split(args: list) -> tuple:
-    """(the tune's own arguments, for its Hydra app; the training overrides). tune.out=DIR is hydra.run.dir=DIR; both
-    naming two directories, a sweep (-m: the tune runs one directory) or an override without a key: ConfigError."""
-    mine = [a.startswith(("-", "tune.", RUN_DIR)) or bool(i and args[i - 1] in FLAG_VALUES and "=" not in a)
-            for i, a in enumerate(args)]  # (--cfg job: the flag's value is Hydra's too)
-    own = [a for a, m in zip(args, mine, strict=True) if m]
-    if any(a in ("-m", "--multirun") for a in own):
-        raise ConfigError("the tune runs into one directory and sweeps itself (tune.presets, tune.knobs): drop -m")
-    out = next((a.split("=", 1)[1] for a in own if a.startswith("tune.out=")), None)
-    run_dir = next((a.removeprefix(RUN_DIR) for a in own if a.startswith(RUN_DIR)), None)
-    if out and run_dir and Path(out).absolute() != Path(run_dir).absolute():
-        raise ConfigError(f"tune.out={out} and hydra.run.dir={run_dir} name two directories; give one of them")
-    if out and not run_dir:
-        own.append(RUN_DIR + out)
-    own = [quoted_knobs(a) if a.startswith("tune.knobs=") else a for a in own]
-    train = [a for a, m in zip(args, mine, strict=True) if not m]  # (by position: own's knobs are requoted)
-    for a in train:
-        if "=" not in a or not a.split("=", 1)[0].lstrip("+~"):
-            raise ConfigError(f"'{a}' is not a KEY=VALUE override; {USAGE}")
-    return own, train
+def training() -> list:
+    """The baseline's overrides, which every trial runs: the composition's own (Hydra's parsed task and hydra
+    overrides, hydra/launcher=slurm among them) less the tune's keys and its directory."""
+    given = HydraConfig.get().overrides
+    return entry.others([*given.task, *given.hydra], {"tune", *TUNE_HYDRA})
 
 
-def quoted_knobs(arg: str) -> str:
-    """tune.knobs=[accumulation.steps=2,compression.ratio=0.05] (each entry KEY=VALUE[,VALUE...], as docs/tune.md
-    writes it) as Hydra's grammar takes it: each entry quoted ('=' inside a list is not Hydra's; a quoted list passes
-    as it is)."""
-    value = arg.split("=", 1)[1]
-    try:
-        entries = OmegaConf.from_dotlist([f"knobs={value}"]).knobs
-    except OmegaConfBaseException:
-        return arg  # (Hydra's own message follows)
-    if not isinstance(entries, ListConfig) or any("'" in str(e) for e in entries):
-        return arg
-    merged = []
-    for e in map(str, entries):  # [parallel.period=4,16,...]: 16 is the knob's second value, not an entry
-        if merged and "=" not in e:
-            merged[-1] += f",{e}"
-        else:
-            merged.append(e)
-    return "tune.knobs=[" + ",".join(f"'{e}'" for e in merged) + "]"
-
-
-def checked(cfg, train: list):
-    """The tune's TuneConfig (its fields check themselves), once the training overrides are checked too: the knob
-    values each on its own, and the option files they select (which the trials check again, as ringexp.train)."""
+def checked(cfg):
+    """The tune's TuneConfig (its fields check themselves, as the baseline's training config does, composed with it
+    by Hydra through conffiles' gate), once its knob values are checked each on its own."""
     app: TuneApp = OmegaConf.to_object(cfg)  # (its schema is registered by ringexp.tune.config)
     tc = app.tune
     space.knobs(tc.knobs)
-    if swept := conffiles.sweeps(train):
-        raise ConfigError(f"{swept[0]}: a sweep; the tune runs one directory and sweeps itself (tune.presets, "
-                          "tune.knobs): give one value")
-    conffiles.check(train)
     return tc
 
 
@@ -160,12 +120,12 @@ def main(argv=None) -> int:
     code = [0]
 
     def tune_app() -> None:
-        own, train = split(args)
+        entry.one_run(args, "the tune runs into one directory and sweeps itself (tune.presets, tune.knobs)")
 
         def body(cfg) -> None:
-            code[0] = start(cfg, train, args)
+            code[0] = start(cfg, training(), args)
 
-        entry.hydra_app("tune", "ringexp.tune", own, body)
+        entry.hydra_app("tune", "ringexp.tune", args, body)
 
     try:
         entry.run(tune_app, srun=False, args=args)
@@ -179,7 +139,9 @@ def start(cfg, train: list, args: list) -> int:
     launchers that may start it elsewhere, a Slurm task); a refused tune takes away the directory it made."""
     out, accepted = Path(HydraConfig.get().runtime.output_dir).absolute(), False
     try:
-        tc = checked(cfg, train)
+        tc = checked(cfg)
+        if tc.out and Path(tc.out).absolute() != out:
+            raise ConfigError(f"tune.out={tc.out} and hydra.run.dir={out} name two directories; give one of them")
         again = check_out(out, tc, train)  # (before its records are read: they may be anyone's)
         tune = Tune(tc, train, out)
         reachable(tune.job.cmd, train)

@@ -4,8 +4,10 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from omegaconf import OmegaConf
+
 from ringexp import quality
-from ringexp.config import need, register
+from ringexp.config import TrainConfig, need, register
 from ringexp.predict import presets
 
 BUDGET_MIN = 7 * 24 * 60  # the largest budget, in minutes: a week
@@ -106,10 +108,14 @@ class TuneConfig:
 
 
 @dataclass
-class TuneApp:
-    """conf/tune.yaml's root: the tune's keys under `tune.` (so that `tune.KEY=VALUE` is Hydra's own override, and
-    --help and --cfg job show them); every other KEY=VALUE of the command line is a training override."""
+class TuneApp(TrainConfig):
+    """conf/tune.yaml's root: the training config (the baseline every candidate changes) and the tune's keys under
+    `tune.`, composed together by Hydra, so that every argument is Hydra's own override and --help and --cfg job
+    show them all; the baseline's overrides are the composition's own others (ringexp.tune.cli.training)."""
     tune: TuneConfig = field(default_factory=TuneConfig)
 
 
-register("tune_schema", TuneApp)
+register("tune", TuneApp)
+# conf/tune.yaml's run directory: tune.out where given (OmegaConf's oc.select takes a None as given)
+OmegaConf.register_new_resolver("ringexp_given", lambda value, default: default if value is None else value,
+                                replace=True)
