@@ -35,6 +35,7 @@ from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.errors import one_line, print_error
 from ringexp.models import build_model
+from ringexp.quality import CHOOSES  # the verdicts the tune may choose (its verification's)
 from ringexp.tune import ranking, space
 from ringexp.tune.loop import COMPUTE
 from ringexp.validate import compose_config
@@ -43,7 +44,6 @@ from ringexp.verdicts.cells import markdown_table
 ROOT = Path(CONF_DIR).parent
 SWEEP = ROOT / "docs" / "results" / "tune-story-sweep.json"
 OUT = ROOT / "docs" / "results" / "tune-replay.md"
-CHOOSES = ("equivalent", "better")  # the verdicts the tune may choose (its verification's)
 SHUFFLES, STUDIES, SEED = 2000, 200, 0
 PENALTY = 0.0  # Optuna's objective for a candidate the tune could not choose (worse), or a combination that is none
 MAX_ASKS = 2000  # an Optuna study that has not suggested the best by then never reaches it (inf seconds)

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from ringexp import quality
 from ringexp.config import TrainConfig, need, register
 from ringexp.predict import presets
+from ringexp.verdicts.groups import DECIDING, QUALITY
 
 BUDGET_MIN = 7 * 24 * 60  # the largest budget, in minutes: a week
 MIN_RUN_S = 1.0  # no run of ringexp.train ends sooner: its Python starts and imports torch first
@@ -29,7 +30,11 @@ class TuneConfig:
     # Each key's comment says its bound and why; most are what some budget could run: at most a week of machine time
     # (BUDGET_MIN), runs of at least MIN_RUN_S, steps of at least MIN_STEP_S. A value past it could never run.
     budget_min: float = 10.0  # machine minutes for the whole tune: baseline, trials and verification; at most a week
-    quality_budget: float = quality.MARGIN  # the equivalence margin a chosen candidate must meet
+    quality_budget: float = quality.MARGIN  # the equivalence margin a chosen candidate must meet in macro-AUROC
+    f1_budget: float = quality.F1_MARGIN  # and in macro-F1 (its seeds spread about twice as far: quality.F1_MARGIN)
+    # what a chosen candidate must be equivalent (or better) on, each test at the same level (an intersection-union
+    # test: the error bound holds for all of them at once); the seed articles judge every change on AUC and F1
+    metrics: List[str] = field(default_factory=lambda: list(DECIDING))
     # at most this chance that the chosen candidate is worse than the margin; above the level at which tune.seeds
     # paired seeds could call anything equivalent (quality.smallest_level, per verification slot)
     error: float = quality.ALPHA
@@ -60,6 +65,10 @@ class TuneConfig:
         need(0 < self.budget_min <= BUDGET_MIN, "tune.budget_min", self.budget_min, "must be > 0 and at most a week")
         need(not quality.margin_error(self.quality_budget), "tune.quality_budget", self.quality_budget,
              quality.margin_error(self.quality_budget))
+        need(not quality.margin_error(self.f1_budget), "tune.f1_budget", self.f1_budget,
+             quality.margin_error(self.f1_budget))
+        need(bool(self.metrics) and all(m in QUALITY for m in self.metrics) and len(set(self.metrics)) == len(
+            self.metrics), "tune.metrics", self.metrics, f"give some of {', '.join(QUALITY)}, each once")
         need(self.search in ("planner", "random"), "tune.search", self.search, "choose planner or random")
         need(0 <= self.prune <= 10, "tune.prune", self.prune, "must be in [0, 10] (a fraction of the baseline's step)")
         self.check_space()
@@ -69,6 +78,10 @@ class TuneConfig:
         need(len(self.command) <= MAX_COMMAND, "tune.command", f"{self.command[:40]}...",
              f"longer than {MAX_COMMAND} characters, which Linux passes to no program; give the command a trial runs")
         need(0 <= self.seed < 2 ** 64, "tune.seed", self.seed, "must be in [0, 2^64)")
+
+    def margins(self) -> dict:
+        """{metric: its equivalence margin}: tune.quality_budget for macro-AUROC, tune.f1_budget for macro-F1."""
+        return {m: self.f1_budget if m.endswith("F1") else self.quality_budget for m in QUALITY}
 
     def check_space(self) -> None:
         """The search space and its halving within what a budget could run (MAX_CANDIDATES, MAX_RUNGS, MAX_STEPS)."""
@@ -97,13 +110,15 @@ class TuneConfig:
              f"more than {MAX_RUNS // 2}: verifying one candidate would run twice as many runs, more than a week's "
              f"budget holds at {MIN_RUN_S:g} s a run")
         need(not quality.level_error(self.error), "tune.error", self.error, quality.level_error(self.error))
-        least = quality.smallest_level(self.seeds, self.quality_budget) * self.verify
-        need(least < 0.5, "tune.quality_budget", self.quality_budget,
+        key, margin = min(((f"tune.{'f1' if m.endswith('F1') else 'quality'}_budget", self.margins()[m])
+                           for m in self.metrics), key=lambda km: km[1])  # (the narrowest decides)
+        least = quality.smallest_level(self.seeds, margin) * self.verify
+        need(least < 0.5, key, margin,
              f"no verdict over {self.seeds} seeds can be equivalent within it at any tune.error over tune.verify="
-             f"{self.verify} slots (docs/tune.md); give a larger tune.quality_budget, or more tune.seeds")
+             f"{self.verify} slots (docs/tune.md); give a larger {key}, or more tune.seeds")
         need(self.error > least, "tune.error", self.error,
              f"no verification could pass: each test runs at tune.error / tune.verify, and {self.seeds} seeds meet "
-             f"tune.quality_budget={self.quality_budget:g} only above {least / self.verify:.3g} (docs/tune.md); give "
+             f"{key}={margin:g} only above {least / self.verify:.3g} (docs/tune.md); give "
              f"tune.error above {least:.3g}, or more tune.seeds")
 
 

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from ringexp import records
 from ringexp.config import plain
 from ringexp.plotting import pyplot, save, short
-from ringexp.tune import ranking, verify
+from ringexp.tune import collapse, ranking, verify
+from ringexp.tune.budget import FULL
 from ringexp.tune.loop import Job
 from ringexp.tune.ranking import Ranking
 from ringexp.verdicts.cells import lr_rule, markdown_table
@@ -69,6 +70,7 @@ def result(o, chosen: str, rep) -> dict:
     fit = o.fit and {k: v for k, v in o.fit.items() if k not in ("cluster", "compute")}
     rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rep.rows] if rep else []
     return {"chosen": o.chosen and o.chosen.name, "command": chosen, "machine_s": sum(spent.values()),
+            "decided_on": {m: o.job.tc.margins()[m] for m in o.job.tc.metrics}, "level": verify.alpha(o.job.tc),
             "phases": dict(spent), "budget_s": o.budget_s, "refit": fit, "groups": rows,
             "verified": [{"candidate": c.name, "verdict": v and v[0] and v[0].record(), "note": v and v[1]}
                          for c, v in o.verification.verified],
@@ -156,7 +158,30 @@ def verify_part(o, rep) -> list:
     v = o.verification
     lines = [f"- {c.name}: {x[0].text() if x and x[0] else 'no verdict'}" + (f" ({x[1]})" if x and x[1] else "")
              for c, x in v.verified] + [f"- {c.name}: not verified ({why})" for c, why in v.skipped]
-    return [*rep.markdown().splitlines(), "", "Candidates verified, fastest trial first:", "", *lines]
+    return [*rep.markdown().splitlines(), "", decided_on(o.job.tc), *unseen_line(o), "",
+            "Candidates verified, fastest trial first:", "", *lines]
+
+
+def decided_on(tc) -> str:
+    """What a choice needs, and what its bound assumes."""
+    on = " and ".join(f"{m} (margin {tc.margins()[m]:g})" for m in tc.metrics)
+    return (f"Decided on {on}: a candidate is chosen only where it is equivalent or better on each, every test at "
+            f"tune.error / tune.verify = {verify.alpha(tc):.2%} (an intersection-union test: at most "
+            f"{tc.error:.0%} chance that the chosen one is worse than a margin), and only where none of its runs "
+            f"collapsed (more than {collapse.COLLAPSE} margins below the baseline at the same step, or non-finite). "
+            "The bound assumes seed-to-seed differences close to normal; a failure on rare seeds is what it cannot "
+            "see.")
+
+
+def unseen_line(o) -> list:
+    """What the chosen candidate's runs cannot see: a failure that strikes 1 run in N, absent from all of them."""
+    if not o.chosen:
+        return []
+    k = sum(r.get("candidate") == o.chosen.name and r["status"] == "completed" and r["phase"] in ("try", *FULL)
+            for r in o.job.log.done.values())
+    odds = ", ".join(f"1 run in {n}: {collapse.unseen(k, n):.0%}" for n in (7, 20))
+    return ["", f"The chosen candidate's {k} runs (its trials and verification seeds) hold no collapse; a failure "
+                f"that strikes only some runs goes unseen in all {k} with chance {odds}."]
 
 
 def plots(o, rep) -> None:

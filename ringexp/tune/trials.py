@@ -147,11 +147,13 @@ def outcome(code: int, start: float, run_dir: Path, log: Path) -> dict:
     except (OSError, ValueError):
         summary = None
     if summary and summary.get("status") == "completed":
-        t, (rate, step) = summary["throughput"], records.run_rate(summary)
+        t, (rate, step), best = summary["throughput"], records.run_rate(summary), summary.get("best") or {}
         return ended(start, run_dir, "completed", "" if code == 0 else f"exit code {code} after its summary") | {
             "samples_s": rate, "samples_s_p10": t["p10"], "samples_s_p90": t["p90"], "step_s": step,
             "run_wall_s": summary.get("wall_time_s"),
-            "auroc": summary["final"]["auroc_macro"], "lr_rule": summary.get("lr_rule")}
+            "auroc": summary["final"]["auroc_macro"], "f1": summary["final"].get("f1_macro"),
+            "best_auroc": best.get("auroc_macro"), "best_f1": best.get("f1_macro"),
+            "loss": (summary.get("loss") or {}).get("last"), "lr_rule": summary.get("lr_rule")}
     said = (summary or {}).get("error") or last_line(log)
     if code == 2:
         return ended(start, run_dir, "refused", said)

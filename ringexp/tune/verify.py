@@ -1,5 +1,7 @@
 """Verification: the fastest trials at full length over seeds against the baseline's, fastest first, each judged
-by the seed groups of ringexp.verdicts (ringexp.quality); the first equivalent one is chosen.
+by the seed groups of ringexp.verdicts (ringexp.quality) on tune.metrics, equivalent only where it is on every one
+(an intersection-union test, each at the same level); the first equivalent one is chosen. A candidate with a run
+that collapsed (ringexp.tune.collapse: a trial of its rungs or a verification seed) is not chosen.
 
 The error bound (docs/tune.md): each candidate's verdict is paired over `tune.seeds` seeds and tests equivalence
 at alpha = tune.error / tune.verify (Bonferroni over the verification slots). The tune chooses a harmful candidate
@@ -9,20 +11,21 @@ tune.error. A candidate is chosen only on every seed of it and of the baseline c
 (a validation-set bootstrap, which leaves out the seeds' variance) neither chooses nor stops one.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tqdm import tqdm
 
+from ringexp import quality, records
+from ringexp.tune import collapse
 from ringexp.tune.budget import FULL, Budget
 from ringexp.tune.ranking import Ranking
-from ringexp.verdicts.groups import QUALITY, seed_groups
+from ringexp.verdicts.groups import decision, seed_groups
 from ringexp.verdicts.groups import judge as judged
 from ringexp.verdicts.groups import report as seed_report
 from ringexp.verdicts.load import load_local
 
 STOPS = ("worse", "not equivalent")  # a decisive verdict that no further seed would turn into a choice
-CHOOSES = ("equivalent", "better")
 
 
 @dataclass
@@ -42,6 +45,10 @@ class Runs(Protocol):
     def pair(self, cand: str): ...  # (cand's seed group, the baseline's) over their completed runs, or None
 
     def affords(self, c) -> bool: ...  # whether every seed of c and the baseline still to run is paid for
+
+    def trials(self, c) -> list: ...  # the completed trial records of c (its halving rungs), for collapse
+
+    def baseline_at(self, steps: int) -> list: ...  # [{metric: value}] of the baseline's full runs at that step
 
 
 def alpha(tc) -> float:
@@ -73,7 +80,7 @@ def chosen(tc, verdict) -> bool:
     """Whether a candidate's (Verdict, note) lets it be chosen: decisive, over every seed, equivalent or better
     (a failed seed leaves fewer paired seeds than tc.seeds)."""
     v = verdict and verdict[0]
-    return bool(v and v.decisive and v.seeds == tc.seeds and v.word in CHOOSES)
+    return bool(v and v.decisive and v.seeds == tc.seeds and v.word in quality.CHOOSES)
 
 
 def blame(v: Verification, c) -> dict:
@@ -91,6 +98,9 @@ def blame(v: Verification, c) -> dict:
 def verify_one(tc, runs: Runs, c, v: Verification) -> bool:
     """Run `c`'s seeds (and the baseline's) as far as they decide; False, before any, where the budget cannot
     pay for all of them (a candidate verified on fewer seeds than it needs could not be chosen)."""
+    if (fell := collapsed(tc, runs, runs.trials(c))) is not None:  # (before its seeds are paid for)
+        v.verified.append((c, (None, fell)))
+        return True
     if not runs.affords(c):
         return False
     failed = None
@@ -99,13 +109,23 @@ def verify_one(tc, runs: Runs, c, v: Verification) -> bool:
         if (bad := next((r for r in got if r["status"] != "completed"), None)) is not None:
             failed = f"{bad['candidate']} seed {bad['seed']} {bad['status']}: not chosen"
             break
-        if stops(judge(tc, runs, c)):
+        if (failed := collapsed(tc, runs, got[1:])) is not None or stops(judge(tc, runs, c)):
             break
     verdict = judge(tc, runs, c)
-    if failed:
-        verdict = (verdict[0] if verdict else None, "; ".join(x for x in (verdict and verdict[1], failed) if x))
+    if failed:  # (no verdict acts on a candidate with a failed or collapsed run: its own is kept in the note)
+        said = verdict and verdict[0] and f"its verdict: {verdict[0].text()}"
+        verdict = (None, "; ".join(x for x in (failed, verdict and verdict[1], said) if x))
     v.verified.append((c, verdict))
     return True
+
+
+def collapsed(tc, runs: Runs, recs: list) -> str | None:
+    """'<run> collapsed: why; not chosen' for the first of a candidate's run records `recs` that collapsed against
+    the baseline's full runs at its step (ringexp.tune.collapse), else None."""
+    for r in recs:
+        if (why := collapse.why(collapse.values(r), runs.baseline_at(r["steps"]), tc.margins(), tc.metrics)):
+            return f"{r['key']} ({r['steps']} steps, seed {r['seed']}) collapsed: {why}; not chosen"
+    return None
 
 
 def stops(verdict) -> bool:
@@ -113,13 +133,18 @@ def stops(verdict) -> bool:
 
 
 def judge(tc, runs: Runs, c):
-    """(headline Verdict or None, note) of candidate `c` against the baseline over their completed verification
-    runs so far, at the tune's alpha; None before both have one."""
+    """(Verdict or None, note) of candidate `c` against the baseline over their completed verification runs so far,
+    at the tune's alpha: the one its decision over tune.metrics acts on (verdicts.groups.decision: equivalent only
+    where every metric is, each at its margin), its test naming the metric; None before both have one."""
     pair = runs.pair(c.name)
     if pair is None:
         return None
-    verdicts, note = judged(*pair, tc.quality_budget, alpha(tc))
-    return (verdicts[QUALITY[0]], note) if verdicts.get(QUALITY[0]) or note else None
+    verdicts, note = judged(*pair, tc.quality_budget, alpha(tc), tc.margins())
+    metric, v = decision(verdicts, tc.metrics)
+    if v is not None:  # (then every metric has a verdict: the others' said beside it)
+        others = "".join(f"; {m} {verdicts[m].word} {verdicts[m].diff:+.3f}" for m in tc.metrics if m != metric)
+        v = replace(v, test=f"{metric}, {v.test}{others}")
+    return (v, note) if v or note else None
 
 
 @dataclass(frozen=True)
@@ -137,6 +162,15 @@ class FullRuns:
     def pair(self, cand: str):
         return pair(self.budget.log.done, cand)
 
+    def trials(self, c) -> list:
+        return [r for r in self.budget.log.done.values()
+                if r["phase"] == "try" and r["candidate"] == c.name and r["status"] == "completed"]
+
+    def baseline_at(self, steps: int) -> list:
+        got = [collapse.at_step(records.read_rows(r["dir"]), steps) for r in self.budget.log.done.values()
+               if r["phase"] in FULL and r["candidate"] == "baseline" and r["status"] == "completed"]
+        return [g for g in got if g is not None]
+
     def affords(self, c) -> bool:
         """Whether the budget pays for every seed of `c` and the baseline still to run (or they decide it)."""
         return self.decided(c) or self.budget.covers(self.budget.verifying(self.ranking, c))
@@ -145,9 +179,11 @@ class FullRuns:
         """Whether `c`'s recorded runs already decide it (a continued tune): every seed run, a failed run, or a
         verdict that stops verification early."""
         done = self.budget.left(None) == self.budget.left(c) == 0
+        mine = [r for r in self.budget.log.done.values() if r["phase"] in FULL and r["candidate"] == c.name]
         failed = any(r["status"] != "completed" for r in self.budget.log.done.values()
                      if r["phase"] in FULL and r["candidate"] in ("baseline", c.name))
-        return done or failed or stops(judge(self.tc, self, c))
+        fell = collapsed(self.tc, self, [r for r in mine if r["status"] == "completed"])
+        return done or failed or fell is not None or stops(judge(self.tc, self, c))
 
 
 def pair(done: dict, cand: str):
@@ -171,4 +207,4 @@ def report(tc, done: dict):
     runs = load_local([r["dir"] for r in done.values() if r["phase"] in FULL and r["status"] == "completed"])
     groups = seed_groups(runs)
     base = next((i for i, g in enumerate(groups) if any(r["dir"] in dirs(done, "baseline") for r in g.runs)), None)
-    return seed_report(groups, base, tc.quality_budget, alpha(tc)) if groups else None
+    return seed_report(groups, base, tc.quality_budget, alpha(tc), tc.margins()) if groups else None

@@ -6,6 +6,8 @@ baseline's group.
                                           paired over seeds), else from one run each on the validation set (an
                                           indication only: quality.Verdict.decisive); only over the runs of the
                                           baseline's task and code versions, one per seed (ringexp.verdicts.members)
+    decision(verdicts, metrics)           (metric, Verdict) a decision over several metrics acts on: equivalent
+                                          only where every one is (an intersection-union test)
     report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
                                           write() makes groups.csv and quality.json (what the planner reads)
 
@@ -47,6 +49,7 @@ GROUP_METRICS = {"samples/s": "throughput.median", "whole run": "throughput.whol
                  "final AUROC": "final.auroc_macro", "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro",
                  "best F1": "best.f1_macro"}
 QUALITY = ("final AUROC", "best AUROC", "final F1", "best F1")  # judged against the baseline; the first is the headline
+DECIDING = ("final AUROC", "final F1")  # what a decision needs equivalent by default (verdicts.groups.decision)
 HEAD = ["group", "seeds", "seed values", "samples/s", "whole run", "speed-up", "final AUROC", "AUROC vs baseline",
         "quality", "interval", "best AUROC", "final F1"]
 SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); samples/s: the "
@@ -144,12 +147,14 @@ def group_of(groups, run) -> int | None:
     return next((i for i, g in enumerate(groups) if any(r is run for r in g.runs)), None)
 
 
-def judge(group: Group, base: Group, margin: float, alpha: float = quality.ALPHA) -> tuple:
+def judge(group: Group, base: Group, margin: float, alpha: float = quality.ALPHA, margins: dict | None = None) -> tuple:
     """({metric of QUALITY: Verdict or None}, a note or None) of `group` against `base` (as seed_groups made them),
     over their runs of the baseline's task and code versions, one per seed (members.admitted): paired over the
     seeds both have when they share two or more (each one-sided test at `alpha`), else on the validation set from
-    one run of each (the note says so: an indication, never a decision). A baseline whose runs disagree on their
-    task or versions (members.reference) gives no verdict."""
+    one run of each (the note says so: an indication, never a decision). Each metric at `margin`, or at its own in
+    `margins` ({metric: margin}). A baseline whose runs disagree on their task or versions (members.reference)
+    gives no verdict."""
+    at = {m: (margins or {}).get(m, margin) for m in QUALITY}
     ref, why = reference(base)
     if ref is None:
         return dict.fromkeys(QUALITY), why
@@ -162,13 +167,27 @@ def judge(group: Group, base: Group, margin: float, alpha: float = quality.ALPHA
         out = {}
         for m in QUALITY:  # (on every shared seed or none: a verdict's count is the seeds both groups list)
             d = [a - b for s in shared if None not in (a := value(mine[s], m), b := value(theirs[s], m))]
-            out[m] = quality.paired_seeds(d, margin, alpha) if len(d) == len(shared) else None
+            out[m] = quality.paired_seeds(d, at[m], alpha) if len(d) == len(shared) else None
         return out, None
     seed, other = (shared[0], shared[0]) if shared else (group.seeds[0], base.seeds[0])
     why = f"one shared seed ({seed})" if shared else f"no seed shared with the baseline (seed {seed} against {other})"
     verdicts, missing = on_validation_set(mine[seed], theirs[other], margin, f"seed {seed} vs {other}", len(shared))
+    verdicts = {m: v and quality.at_margin(v, at[m]) for m, v in verdicts.items()}
     return verdicts, (f"{why}: tested on the validation set, an indication only (it leaves out the seeds' "
                       "variance)" + (f" ({missing})" if missing else ""))
+
+
+def decision(verdicts: dict, metrics) -> tuple:
+    """(metric, Verdict) a decision over `metrics` acts on, an intersection-union test: a candidate is equivalent
+    or better only where it is on every one of them, each tested at the same level, so the chance of calling a
+    harmful one equivalent stays at that level. Where all choose, the first metric's; else the one that stops it
+    (worse first, then not equivalent, then undecided); (None, None) where a metric has no verdict."""
+    got = [(m, verdicts.get(m)) for m in metrics]
+    if any(v is None for _, v in got):
+        return None, None
+    blocking = [(m, v) for m, v in got if not (v.decisive and v.word in quality.CHOOSES)]
+    order = {"worse": 0, "not equivalent": 1}
+    return min(blocking, key=lambda mv: order.get(mv[1].word, 2) if mv[1].decisive else 3) if blocking else got[0]
 
 
 def on_validation_set(run: dict, base: dict, margin: float, what: str, seeds: int) -> tuple:
@@ -289,21 +308,25 @@ def cell(row: dict, key: str) -> str:
     return fmt(key, row.get(key)) + ("" if sd is None else f" ± {fmt(key, sd)}")
 
 
-def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA) -> Report:
+def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA,
+           margins: dict | None = None) -> Report:
     """The rows of `groups` (seed_groups') holding only the runs of the baseline group's task and code versions, one
-    per seed (members.admitted), each with its verdict against the baseline (judge) and the runs it left out."""
+    per seed (members.admitted), each with its verdict against the baseline (judge, each metric at `margin` or its
+    own in `margins`) and the runs it left out."""
     on, why = reference(groups[base]) if base is not None else (None, "")
     shown = [admitted(g, on) for g in groups]
     targets = sorted({t["auroc"] for g in shown for r in g.runs for t in r["summary"].get("targets") or []})
     rows = [summary_row(g, targets) for g in shown]
     ref = rows[base] if base is not None else {}
     lines = [f"Quality against the baseline ({groups[base].label}): difference with the interval it was decided "
-             f"on; equivalent when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g} (two one-sided tests at "
+             f"on; equivalent when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g}"
+             f"{other_margins(margins, margin)} (two one-sided tests at "
              f"{alpha:.2%}), worse or better when the 95% one lies below or above 0; one seed is an indication, "
              "never a decision:"] if base is not None else []
     for i, (g, row) in enumerate(zip(groups, rows, strict=True)):
         ratios(row, ref, targets)
-        verdicts, note = judge(g, groups[base], margin, alpha) if base is not None and i != base else ({}, why or None)
+        verdicts, note = (judge(g, groups[base], margin, alpha, margins) if base is not None and i != base
+                          else ({}, why or None))
         head = verdicts.get(QUALITY[0])
         row |= {"quality": "baseline" if i == base else (head.label() if head else None),
                 "interval": head and head.interval_text(), "_verdicts": verdicts,
@@ -314,6 +337,15 @@ def report(groups: list, base: int | None, margin: float, alpha: float = quality
             said = "; ".join(f"{m} {v.text()}" for m, v in verdicts.items() if v) or "no verdict"
             lines.append(f"- `{g.label}`: {said}" + (f". Note: {note}" if note else ""))
     return Report(rows, lines + left_out_lines(shown), targets, base, margin, on and on["task"])
+
+
+def other_margins(margins: dict | None, margin: float) -> str:
+    """' (final F1, best F1: ±0.05)': the metrics judged at a margin of their own, for the report's heading."""
+    other = {}
+    for m, x in (margins or {}).items():
+        if x != margin:
+            other.setdefault(x, []).append(m)
+    return "".join(f" ({', '.join(ms)}: ±{x:g})" for x, ms in other.items())
 
 
 def left_out_lines(groups: list) -> list:
