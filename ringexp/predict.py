@@ -138,7 +138,7 @@ _ABSENT = object()  # a task's field that one side lacks
 
 
 def quality_of(path, task: dict) -> dict:
-    """{conf/parallel preset: the verdict's record on the file's headline metric (final macro-AUROC)} from
+    """{conf/parallel preset: {metric: its verdict's record}, over the metrics the file decides on} from
     compare's quality.json at `path` (quality=, the user's): the groups whose overrides are the baseline's but for
     `+parallel=NAME` (seeds apart). Every group and verdict of the file is checked first (quality.read_record: a
     reversed interval, a word its numbers do not give or a format of another version is refused, naming the group
@@ -167,7 +167,7 @@ def quality_of(path, task: dict) -> dict:
                 raise ConfigError(f"quality={path}: two verdicts for preset {quality.named(preset)} (groups "
                                   f"{quality.named(by[preset])} and {quality.named(g['group'])}); give compare's "
                                   "quality.json as compare wrote it")
-            out[preset], by[preset] = g["verdicts"].get(record["metric"]), g["group"]
+            out[preset], by[preset] = {m: g["verdicts"].get(m) for m in record["metrics"]}, g["group"]
     return out
 
 
@@ -232,19 +232,22 @@ def _shown(x) -> str:
     return text if len(text) <= 40 else f"a {'list' if isinstance(x, list) else 'mapping'} of {len(x)}"
 
 
-def judged(name: str, cfg, verdicts: dict, budget: float) -> tuple:
-    """(quality word, measured difference or None) of preset `name` at margin `budget`: a decisive verdict's
-    (quality.MIN_SEEDS paired seeds or more) judged again from its record's intervals; else "exact" for a preset
-    that sends the gradients uncompressed at one micro-step with no autocast and whose strategy sums every step's
-    gradients (the same arithmetic up to the order of a sum); else quality.INDICATIVE where the record's verdict
-    is on one seed (shown, never acted on), or NO_VERDICT."""
-    v = verdicts.get(name)
-    if v is not None and v["seeds"] >= quality.MIN_SEEDS:
-        return quality.decide(v["diff"], tuple(v["ci95"]), tuple(v["ci_eq"]), budget), v["diff"]
+def judged(name: str, cfg, verdicts: dict, margins: dict) -> tuple:
+    """(quality word, measured difference in the first metric or None) of preset `name`, each metric at its margin
+    in `margins`: where every metric the record decides on has a decisive verdict (quality.MIN_SEEDS paired seeds
+    or more), the decision over them (quality.decision: equivalent only where each is) judged again from their
+    records' intervals; else "exact" for a preset that sends the gradients uncompressed at one micro-step with no
+    autocast and whose strategy sums every step's gradients (the same arithmetic up to the order of a sum); else
+    quality.INDICATIVE where the record's verdict is on one seed (shown, never acted on), or NO_VERDICT."""
+    v = verdicts.get(name) or {}
+    head = next(iter(v.values()), None)
+    if v and all(x is not None and x["seeds"] >= quality.MIN_SEEDS for x in v.values()):
+        _, deciding = quality.decision({m: quality.Verdict.of(x, margins[m]) for m, x in v.items()}, list(v))
+        return deciding.word, head["diff"]
     same_sums = parallel.STRATEGIES[cfg.parallel.strategy].exact  # (local_sgd, diloco: models drift between syncs)
     if same_sums and cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off":
         return "exact", None
-    return (NO_VERDICT, None) if v is None else (quality.INDICATIVE, v["diff"])
+    return (NO_VERDICT, None) if head is None else (quality.INDICATIVE, head["diff"])
 
 
 def calibrate_here(path: Path, ranks: int) -> None:

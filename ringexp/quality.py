@@ -39,14 +39,16 @@ MARGIN = 0.02  # the equivalence margin in macro-AUROC (and macro-F1) by default
 # so that at MARGIN no 7 seeds could call a harmless change equivalent on it
 F1_MARGIN = 0.05
 CHOOSES = ("equivalent", "better")  # the verdicts a decision may act on
+DECIDING = ("final AUROC", "final F1")  # what a decision needs equivalent by default (decision): the seed articles'
 RESAMPLES = 2000  # bootstrap resamples: the percentile interval's ends move by < 0.002 AUROC between seeds of it
 FILE = "quality.json"  # the verdicts' record: compare's seed groups write it (Report.write), the planner reads it
 SLACK = 1e-9  # a difference may lie this far past its interval's end: the mean of equal floats is off by an ulp
 ALPHA = 0.05  # each one-sided test's level: the equivalence interval is the 90% one
 MIN_SEEDS = 2  # paired seeds a decision needs (the t interval over seeds is exact from 2 under normal differences)
 INDICATIVE = "one seed (indicative)"  # what a verdict on fewer seeds is called wherever a decision would be shown
-FORMAT = 3  # quality.json's format: 2 recorded the task and, per verdict, its seeds and its equivalence level; 3 only
-# pairs runs of the baseline's task and code versions, one per seed, and names the runs it left out
+FORMAT = 4  # quality.json's format: 2 recorded the task and, per verdict, its seeds and its equivalence level; 3 only
+# pairs runs of the baseline's task and code versions, one per seed, and names the runs it left out; 4 records the
+# metrics a decision is over (DECIDING) and each metric's margin, F1's its own
 # The finest step between two recorded macro-AUROCs at or above chance: torchmetrics computes them in float32 (even
 # from float64 scores), whose values in [0.5, 1) are multiples of 2^-24; so are the paired differences of two runs'.
 RESOLUTION = 2.0 ** -24
@@ -99,6 +101,13 @@ class Verdict:
     def record(self) -> dict:
         return asdict(self) | {"ci95": list(self.ci95), "ci_eq": list(self.ci_eq)}
 
+    @classmethod
+    def of(cls, record: dict, margin: float) -> "Verdict":
+        """A verdict's record (quality.json's, checked by read_record) decided again at `margin`."""
+        ci95, ci_eq = tuple(record["ci95"]), tuple(record["ci_eq"])
+        return cls(decide(record["diff"], ci95, ci_eq, margin), record["diff"], ci95, ci_eq, margin, record["test"],
+                   record["seeds"], record["level"])
+
 
 def scipy_stats():
     """scipy.stats, imported on first use: about 1 s of CPU that every training command would otherwise pay
@@ -140,6 +149,19 @@ def decide(diff: float, ci95: tuple, ci_eq: tuple, margin: float) -> str:
     if ci95[0] > 0:
         return "better"
     return "not equivalent" if abs(diff) >= margin else "inconclusive"
+
+
+def decision(verdicts: dict, metrics) -> tuple:
+    """(metric, Verdict) a decision over `metrics` acts on, an intersection-union test: a candidate is equivalent
+    or better only where it is on every one of them, each tested at the same level, so the chance of calling a
+    harmful one equivalent stays at that level. Where all choose, the first metric's; else the one that stops it
+    (worse first, then not equivalent, then undecided); (None, None) where a metric has no verdict."""
+    got = [(m, verdicts.get(m)) for m in metrics]
+    if any(v is None for _, v in got):
+        return None, None
+    blocking = [(m, v) for m, v in got if not (v.decisive and v.word in CHOOSES)]
+    order = {"worse": 0, "not equivalent": 1}
+    return min(blocking, key=lambda mv: order.get(mv[1].word, 2) if mv[1].decisive else 3) if blocking else got[0]
 
 
 def at_margin(v: Verdict, margin: float) -> Verdict:
@@ -247,11 +269,11 @@ def validation_set(cand: np.ndarray, base: np.ndarray, labels: np.ndarray, margi
 
 
 def read_record(path) -> dict:
-    """quality.json as compare writes it (verdicts.groups' Report.write: {"format", "task", "margin", "metric",
-    "groups": [{"group", "baseline", "overrides", "seeds", "left_out", "verdicts": {metric: Verdict.record() or
-    null}, ...}]}), every group and verdict checked (record_error): the one reader of the file (the planner's
-    quality=). OSError, or ValueError naming the group and the entry. `path` is the one the user named (quality=):
-    it may be a symlink."""
+    """quality.json as compare writes it (verdicts.groups' Report.write: {"format", "task", "margin", "metrics",
+    "margins", "groups": [{"group", "baseline", "overrides", "seeds", "left_out", "verdicts": {metric:
+    Verdict.record() or null}, ...}]}), every group and verdict checked (record_error): the one reader of the file
+    (the planner's quality=). OSError, or ValueError naming the group and the entry. `path` is the one the user
+    named (quality=): it may be a symlink."""
     doc = records.parse_json(records.read_bytes(path, follow=True))
     if bad := record_error(doc):
         raise ValueError(bad)
@@ -265,14 +287,19 @@ def record_error(doc) -> str:
         return f"holds {_kind(doc)}, not a record of verdicts (an object with margin, metric and groups)"
     if doc.get("format") != FORMAT:
         return (f"format is {_kind(doc.get('format'))}, not {FORMAT}: a record of an unknown format (format 1 has no "
-                "task; format 2 may pair runs of another task or code version); run compare on the seed sweep again "
+                "task; format 2 may pair runs of another task or code version; format 3 decides on AUROC alone); run "
+                "compare on the seed sweep again "
                 "to write it")
     if doc.get("task") is not None and not isinstance(doc["task"], dict):
         return f"task is {_kind(doc['task'])}, not the task the verdicts were measured on (an object) or null"
     if not _margin(doc.get("margin")):
         return f"margin is {_kind(doc.get('margin'))}, not a number in [0, 1)"
-    if not isinstance(doc.get("metric"), str):
-        return f"metric is {_kind(doc.get('metric'))}, not the name of a metric"
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
+        return f"metrics is {_kind(metrics)}, not the list of the metrics a decision is over"
+    margins = doc.get("margins")
+    if not isinstance(margins, dict) or not all(_margin(margins.get(m)) for m in metrics):
+        return f"margins is {_kind(margins)}, not each decision metric's margin in [0, 1)"
     if not isinstance(doc.get("groups"), list) or not doc["groups"]:
         return f"groups is {_kind(doc.get('groups'))}, not a list of the seed groups"
     for i, g in enumerate(doc["groups"]):

@@ -222,11 +222,13 @@ def record(topk) -> dict:
     `topk`, each group of seeds 0, 1 and 2."""
     groups = [{"group": "+parallel=ddp", "baseline": True, "overrides": [*TASK, "+parallel=ddp"], "verdicts": {}},
               {"group": "+parallel=ring_fp16", "baseline": False, "overrides": [*TASK, "+parallel=ring_fp16"],
-               "verdicts": {"final AUROC": verdict(0.001, [-0.004, 0.006], [-0.003, 0.005])}},
+               "verdicts": {"final AUROC": verdict(0.001, [-0.004, 0.006], [-0.003, 0.005]),
+                            "final F1": verdict(0.002, [-0.03, 0.034], [-0.024, 0.028], margin=0.05)}},
               {"group": "+parallel=ddp_topk", "baseline": False, "overrides": [*TASK, "+parallel=ddp_topk"],
                "verdicts": {"final AUROC": topk, "final F1": verdict(-0.01, [-0.05, 0.03], [-0.04, 0.02])}}]
     groups = [g | {"seeds": ["0", "1", "2"], "left_out": []} for g in groups]
-    return {"format": quality.FORMAT, "task": plan_task(), "margin": 0.02, "metric": "final AUROC", "groups": groups}
+    return {"format": quality.FORMAT, "task": plan_task(), "margin": 0.02, "metrics": ["final AUROC", "final F1"],
+            "margins": {"final AUROC": 0.02, "final F1": 0.05}, "groups": groups}
 
 
 def topk_entry(doc) -> dict:
@@ -282,11 +284,16 @@ BAD_RECORDS = [
      "group '+parallel=ring_fp16': left_out is null, not a list of runs left out"),
     ("a list, not a record", lambda d: [d], "holds a list of 1, not a record of verdicts"),
     ("no margin", lambda d: d.pop("margin") and None, "margin is null, not a number in [0, 1)"),
-    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 3: a record of an unknown"),
-    ("format 2 (may pair runs of another task)", lambda d: d.update(format=2), "format is 2, not 3: a record of an "
-     "unknown format (format 1 has no task; format 2 may pair runs of another task or code version)"),
-    ("a format to come", lambda d: d.update(format=4), "format is 4, not 3: a record of an unknown format"),
-    ("format as text", lambda d: d.update(format="3"), "format is '3', not 3"),
+    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 4: a record of an unknown"),
+    ("format 2 (may pair runs of another task)", lambda d: d.update(format=2), "format is 2, not 4: a record of an "
+     "unknown format (format 1 has no task; format 2 may pair runs of another task or code version"),
+    ("format 3 (decides on AUROC alone)", lambda d: d.update(format=3), "format is 3, not 4: a record of an "
+     "unknown format"),
+    ("a format to come", lambda d: d.update(format=5), "format is 5, not 4: a record of an unknown format"),
+    ("format as text", lambda d: d.update(format="4"), "format is '4', not 4"),
+    ("no metrics", lambda d: d.pop("metrics") and None, "metrics is null, not the list of the metrics a decision"),
+    ("a metric without its margin", lambda d: d["margins"].pop("final F1") and None,
+     "margins is a dict, not each decision metric's margin in [0, 1)"),
     ("task a list", lambda d: d.update(task=["small_cnn"]), "task is a list of 1, not the task the verdicts"),
     ("another task", lambda d: d["task"]["model"].update(width=8),
      "its verdicts are of another task (model.width: 8 in the record, 32 here)"),
@@ -312,8 +319,27 @@ def test_a_sound_quality_record_is_read_as_it_was_written(tmp_path, monkeypatch,
     assert "+parallel=ddp_topk" not in got["recommended"]
     shipped = Path(ROOT, "docs", "results", "cluster-story-quality.json")
     assert len(records.read_json(shipped)["groups"]) == 11
-    with pytest.raises(ValueError, match="format is null, not 3"):
+    with pytest.raises(ValueError, match=f"format is null, not {quality.FORMAT}"):
         quality.read_record(shipped)
+
+
+def test_a_preset_equivalent_on_auroc_but_worse_on_f1_is_not_recommended(tmp_path, monkeypatch, capsys):
+    """The record decides on final AUROC and F1 (its metrics): ddp_topk equivalent on AUROC and worse on F1 is
+    worse, and not recommended; the same verdicts in a record that decides on AUROC alone make it equivalent."""
+    doc = record(verdict(0.001, [-0.004, 0.006], [-0.003, 0.005]))
+    doc["groups"][2]["verdicts"]["final F1"] = verdict(-0.1, [-0.15, -0.05], [-0.14, -0.06], margin=0.05)
+    got = {}
+    for on in (["final AUROC", "final F1"], ["final AUROC"]):
+        path = tmp_path / f"quality-{len(on)}.json"
+        records.write_json(path, doc | {"metrics": on})
+        out = tmp_path / f"out-{len(on)}"
+        monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", *PLAN, "presets=[ddp,ring_fp16,ddp_topk]",
+                                          f"quality={path}", f"out={out}"])
+        plan_main()
+        capsys.readouterr()
+        got[len(on)] = {r["preset"]: r["quality"] for r in json.loads((out / "plan.json").read_text())["rows"]}
+    assert got[2]["ddp_topk"] == "worse" and got[1]["ddp_topk"] == "equivalent", got
+    assert got[2]["ring_fp16"] == got[1]["ring_fp16"] == "equivalent", got
 
 
 @pytest.mark.parametrize("case, change, words", BAD_RECORDS, ids=[c[0] for c in BAD_RECORDS])

@@ -590,7 +590,8 @@ def quality_record(path, task=None, one_seed=(), **diffs):
                    "left_out": [],
                    "verdicts": {"final AUROC": quality.paired_seeds([0.0, 0.001, 0.002], 0.02).record()}})
     records.write_json(path, {"format": quality.FORMAT, "task": plan_task() if task is None else task,
-                              "margin": 0.02, "metric": "final AUROC", "groups": groups})
+                              "margin": 0.02, "metrics": ["final AUROC"], "margins": {"final AUROC": 0.02},
+                              "groups": groups})
     return path
 
 
@@ -735,12 +736,12 @@ def test_a_record_of_another_task_is_one_line_naming_what_differs_and_nothing_is
 
 def test_a_record_of_an_older_format_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """The shipped slow-link story's record (format 1: no task, ci90) is a result, never a verdict predict uses: one
-    line, exit 2; so is a record of a format to come."""
-    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 3"),
-                         (tmp_path / "q4.json", "format is 4, not 3")):
+    line, exit 2; so is one of format 3 (its decisions on AUROC alone) and one of a format to come."""
+    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 4"),
+                         (tmp_path / "q3.json", "format is 3, not 4"), (tmp_path / "q5.json", "format is 5, not 4")):
         if record.parent == tmp_path:
             doc = json.loads(quality_record(record, ring_fp16=0.001).read_text())
-            records.write_json(record, doc | {"format": 4})
+            records.write_json(record, doc | {"format": int(record.stem[1:])})
         out = tmp_path / "out"
         line = plan_refusal(monkeypatch, capsys, ["predict", *PLAN_Q, f"quality={record}", f"out={out}"])
         assert line.startswith(f"ringexp: error: quality={record}: {said}: a record of an unknown format"), line

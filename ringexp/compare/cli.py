@@ -18,12 +18,13 @@ as left out, with why), one row each with the mean and sample standard deviation
 mean whole-run throughput and its time to each eval.targets macro-AUROC against the group holding the baseline row
 (a ratio only where every seed reached it), and its quality verdict against that group (ringexp.quality:
 *equivalent*, *better*, *worse*, *not equivalent* or *inconclusive*, with the interval it was decided on;
-`--quality-budget`, by default ringexp.quality.MARGIN, is the margin): over the seeds both share when they share two
-or more, else on the validation set from one run of each, which is labelled *one seed (indicative)*: it leaves out
-the seeds' variance. The table goes into compare.md, its numbers into groups.csv and the verdicts into quality.json
-(what the planner's `predict` reads); with `--wandb` each run's verdict goes into its W&B summary too. `--fastest
-CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of the group with the highest
-mean throughput, for a shell script to use; it writes nothing.
+`--quality-budget` and `--f1-budget`, by default ringexp.quality.MARGIN and F1_MARGIN, are the margins; the quality
+column is the decision over final macro-AUROC and macro-F1, equivalent only where both are): over the seeds both
+share when they share two or more, else on the validation set from one run of each, which is labelled *one seed
+(indicative)*: it leaves out the seeds' variance. The table goes into compare.md, its numbers into groups.csv and
+the verdicts into quality.json (what the planner's `predict` reads); with `--wandb` each run's verdict goes into its
+W&B summary too. `--fastest CHOICE` prints only the value of choice CHOICE (summary `choices`, e.g. `parallel`) of
+the group with the highest mean throughput, for a shell script to use; it writes nothing.
 
 This module is the command: its flags (main), the report it writes (report), the seed groups' verdicts in the
 report and in W&B, and the sweep's Hydra callback (SweepReport). The runs are read by ringexp.verdicts.load, made
@@ -48,16 +49,17 @@ GROUP_OUTPUTS = ("groups.csv", seeds.QUALITY_FILE)  # with seed groups
 
 
 def report(runs, out: Path | None, baseline: str | None = None, groups: bool | None = None, clusters=(),
-           margin: float = quality.MARGIN) -> str:
+           margin: float = quality.MARGIN, f1_margin: float = quality.F1_MARGIN) -> str:
     """Write compare.md, compare.csv and the plots into `out` (if given), and with seed groups (`groups`; None:
     where a group has several seeds) groups.csv and quality.json; return the terminal table (then the groups')."""
-    return reported(runs, out, baseline, groups, clusters, margin)[0]
+    return reported(runs, out, baseline, groups, clusters, margin, f1_margin)[0]
 
 
-def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, clusters, margin: float) -> tuple:
+def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, clusters, margin: float,
+             f1_margin: float = quality.F1_MARGIN) -> tuple:
     """report()'s (text, the seed groups' Report or None)."""
     rows, failed, base = table(runs, baseline, clusters)
-    judged = judge_groups(runs, rows, base, margin) if rows and groups is not False else None
+    judged = judge_groups(runs, rows, base, margin, f1_margin) if rows and groups is not False else None
     if judged is not None and groups is None and all(r["seeds"] < 2 for r in judged.rows):
         judged = None
     if judged is not None:
@@ -81,17 +83,18 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
     return text(rows, failed, base) + (f"\nSeed groups:\n{judged.text()}" if judged else ""), judged
 
 
-def judge_groups(runs, rows, base: int, margin: float):
+def judge_groups(runs, rows, base: int, margin: float, f1_margin: float = quality.F1_MARGIN):
     """The seed groups' report against the group that holds the baseline row (each row's `_runs`, the runs in its
     numbers and verdict, and `_left_out` serve the per-run quality column and W&B)."""
     groups = seeds.seed_groups(runs)
-    return seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin)
+    return seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin,
+                        margins=seeds.margins_of(margin, f1_margin))
 
 
 def to_wandb(judged) -> None:
     """Each W&B run's group verdict into its W&B summary (compare --wandb): quality/* keys."""
     for row in judged.rows:
-        head = row["_verdicts"].get(seeds.QUALITY[0])
+        head = row["_verdicts"].get(row.get("decided on"))  # (the verdict the quality column's decision took)
         keys = {"quality/verdict": row["quality"], "quality/group": row["group"]}
         if head is not None:
             (lo, hi), level = head.decided_on()
@@ -148,8 +151,9 @@ def parser() -> Parser:
                     "seed=: one row each, with time to target and the quality verdict) even where every group has "
                     "one seed; without it they are shown where a group has several")
     ap.add_argument("--quality-budget", type=float, default=quality.MARGIN, metavar="MARGIN",
-                    help="the equivalence margin of the quality verdicts, in macro-AUROC (and macro-F1): "
-                    f"{quality.MARGIN}")
+                    help=f"the equivalence margin of the quality verdicts in macro-AUROC: {quality.MARGIN}")
+    ap.add_argument("--f1-budget", type=float, default=quality.F1_MARGIN, metavar="MARGIN",
+                    help=f"and in macro-F1 (its seeds spread about twice as far): {quality.F1_MARGIN}")
     ap.add_argument("--fastest", metavar="CHOICE", help="print only the value of choice CHOICE (e.g. parallel) of "
                     "the seed group with the highest mean throughput; nothing else is printed or written")
     return ap
@@ -157,8 +161,9 @@ def parser() -> Parser:
 
 def loaded(args) -> list:
     """The runs the flags name, once the flags are checked (ValueError: what is wrong with them)."""
-    if bad := quality.margin_error(args.quality_budget):
-        raise ValueError(f"--quality-budget {args.quality_budget}: {bad}")
+    for flag, margin in (("--quality-budget", args.quality_budget), ("--f1-budget", args.f1_budget)):
+        if bad := quality.margin_error(margin):
+            raise ValueError(f"{flag} {margin}: {bad}")
     if args.fastest is not None and (args.groups or not args.fastest):
         raise ValueError("--fastest CHOICE names a choice such as parallel, and prints its value alone "
                          "(without --groups)")
@@ -184,7 +189,8 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out) if args.out else (Path(args.paths[0]) if len(args.paths) == 1 else None)
     try:
-        shown, judged = reported(runs, out, args.baseline, args.groups, args.cluster, args.quality_budget)
+        shown, judged = reported(runs, out, args.baseline, args.groups, args.cluster, args.quality_budget,
+                                 args.f1_budget)
     except ValueError as e:  # a --cluster file that cannot be read, a --baseline no run matches: nothing written
         print_error(str(e))
         return 2

@@ -22,7 +22,8 @@ class PlanConfig:
     presets: List[str] = field(default_factory=list)  # predict: conf/parallel presets (empty: all but single)
     plot_presets: List[str] = field(default_factory=lambda: ["ddp", "hierarchical", "hierarchical_int8", "ring_fp16",
                                                              "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
-    quality_budget: float = quality.MARGIN  # predict: the equivalence margin a recommended preset must meet
+    quality_budget: float = quality.MARGIN  # predict: the equivalence margin a recommended preset must meet (AUROC)
+    f1_budget: float = quality.F1_MARGIN  # predict: and in macro-F1, where the record decides on it too
     # predict: the quality verdicts' record (compare's or the tune's quality.json) of this task (quality.task_of),
     # whose decisive verdicts judge each preset; null: none, so only exact presets may be recommended
     quality: Optional[str] = None
@@ -48,6 +49,8 @@ class PlanConfig:
                  "must be >= 0 s and at most a day (86400)")
         need(not quality.margin_error(self.quality_budget), "quality_budget", self.quality_budget,
              quality.margin_error(self.quality_budget))
+        need(not quality.margin_error(self.f1_budget), "f1_budget", self.f1_budget,
+             quality.margin_error(self.f1_budget))
         need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
              "give a rate above 0 as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
         need(self.transport in ("measured", "socket"), "transport", self.transport, "choose measured or socket")

@@ -15,6 +15,7 @@ from ringexp.models import build_model
 from ringexp.plan.config import PlanConfig
 from ringexp.plan.report import plot, report
 from ringexp.predict import ELIGIBLE, compute_times, judged, over_steps, preset_config, presets, quality_of, row
+from ringexp.verdicts.groups import margins_of
 
 
 def predict(pc: PlanConfig, train: list) -> None:
@@ -40,7 +41,8 @@ def predict(pc: PlanConfig, train: list) -> None:
         r["whole_samples_s"] = over_steps(r["preset"], cfg, cl, shapes, compute, here, 1, cfg.steps)["samples_s"]
         r["speedup"] = r["whole_samples_s"] / ddp["samples_s"]
     for r, cfg in zip(rows, configs.values(), strict=True):
-        r["quality"], r["auroc_diff"] = judged(r["preset"], cfg, verdicts, pc.quality_budget)
+        r["quality"], r["auroc_diff"] = judged(r["preset"], cfg, verdicts, margins_of(pc.quality_budget,
+                                                                                       pc.f1_budget))
     ok = [r for r in rows if r["quality"] in ELIGIBLE]
     best = max(ok, key=lambda r: r["whole_samples_s"]) if ok else ddp  # (none: the baseline, exact by definition)
     command = " ".join(["python -m ringexp.train", f"+parallel={best['preset']}", *rest])

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from ringexp import quality
 from ringexp.config import TrainConfig, need, register
 from ringexp.predict import presets
-from ringexp.verdicts.groups import DECIDING, QUALITY
+from ringexp.verdicts.groups import DECIDING, QUALITY, margins_of
 
 BUDGET_MIN = 7 * 24 * 60  # the largest budget, in minutes: a week
 MIN_RUN_S = 1.0  # no run of ringexp.train ends sooner: its Python starts and imports torch first
@@ -81,7 +81,7 @@ class TuneConfig:
 
     def margins(self) -> dict:
         """{metric: its equivalence margin}: tune.quality_budget for macro-AUROC, tune.f1_budget for macro-F1."""
-        return {m: self.f1_budget if m.endswith("F1") else self.quality_budget for m in QUALITY}
+        return margins_of(self.quality_budget, self.f1_budget)
 
     def check_space(self) -> None:
         """The search space and its halving within what a budget could run (MAX_CANDIDATES, MAX_RUNGS, MAX_STEPS)."""

@@ -20,9 +20,9 @@ from ringexp import quality, records
 from ringexp.tune import collapse
 from ringexp.tune.budget import FULL, Budget
 from ringexp.tune.ranking import Ranking
-from ringexp.verdicts.groups import decision, seed_groups
 from ringexp.verdicts.groups import judge as judged
 from ringexp.verdicts.groups import report as seed_report
+from ringexp.verdicts.groups import seed_groups
 from ringexp.verdicts.load import load_local
 
 STOPS = ("worse", "not equivalent")  # a decisive verdict that no further seed would turn into a choice
@@ -134,13 +134,13 @@ def stops(verdict) -> bool:
 
 def judge(tc, runs: Runs, c):
     """(Verdict or None, note) of candidate `c` against the baseline over their completed verification runs so far,
-    at the tune's alpha: the one its decision over tune.metrics acts on (verdicts.groups.decision: equivalent only
+    at the tune's alpha: the one its decision over tune.metrics acts on (quality.decision: equivalent only
     where every metric is, each at its margin), its test naming the metric; None before both have one."""
     pair = runs.pair(c.name)
     if pair is None:
         return None
     verdicts, note = judged(*pair, tc.quality_budget, alpha(tc), tc.margins())
-    metric, v = decision(verdicts, tc.metrics)
+    metric, v = quality.decision(verdicts, tc.metrics)
     if v is not None:  # (then every metric has a verdict: the others' said beside it)
         others = "".join(f"; {m} {verdicts[m].word} {verdicts[m].diff:+.3f}" for m in tc.metrics if m != metric)
         v = replace(v, test=f"{metric}, {v.test}{others}")
@@ -207,4 +207,4 @@ def report(tc, done: dict):
     runs = load_local([r["dir"] for r in done.values() if r["phase"] in FULL and r["status"] == "completed"])
     groups = seed_groups(runs)
     base = next((i for i, g in enumerate(groups) if any(r["dir"] in dirs(done, "baseline") for r in g.runs)), None)
-    return seed_report(groups, base, tc.quality_budget, alpha(tc), tc.margins()) if groups else None
+    return seed_report(groups, base, tc.quality_budget, alpha(tc), tc.margins(), tc.metrics) if groups else None

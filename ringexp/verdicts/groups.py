@@ -6,8 +6,7 @@ baseline's group.
                                           paired over seeds), else from one run each on the validation set (an
                                           indication only: quality.Verdict.decisive); only over the runs of the
                                           baseline's task and code versions, one per seed (ringexp.verdicts.members)
-    decision(verdicts, metrics)           (metric, Verdict) a decision over several metrics acts on: equivalent
-                                          only where every one is (an intersection-union test)
+    margins_of(margin, f1_margin)         {metric: its equivalence margin}
     report(groups, base, margin)          Report: the rows, the verdict lines, the text and markdown tables; its
                                           write() makes groups.csv and quality.json (what the planner reads)
 
@@ -49,7 +48,7 @@ GROUP_METRICS = {"samples/s": "throughput.median", "whole run": "throughput.whol
                  "final AUROC": "final.auroc_macro", "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro",
                  "best F1": "best.f1_macro"}
 QUALITY = ("final AUROC", "best AUROC", "final F1", "best F1")  # judged against the baseline; the first is the headline
-DECIDING = ("final AUROC", "final F1")  # what a decision needs equivalent by default (verdicts.groups.decision)
+DECIDING = quality.DECIDING
 HEAD = ["group", "seeds", "seed values", "samples/s", "whole run", "speed-up", "final AUROC", "AUROC vs baseline",
         "quality", "interval", "best AUROC", "final F1"]
 SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); samples/s: the "
@@ -142,6 +141,11 @@ def seed_groups(runs) -> list:
             for rest, members, out in by.values()]
 
 
+def margins_of(margin: float, f1_margin: float = quality.F1_MARGIN) -> dict:
+    """{metric of QUALITY: its equivalence margin}: `margin` for macro-AUROC, `f1_margin` for macro-F1."""
+    return {m: f1_margin if m.endswith("F1") else margin for m in QUALITY}
+
+
 def group_of(groups, run) -> int | None:
     """The index of the group holding `run` (None for a run in none: not completed)."""
     return next((i for i, g in enumerate(groups) if any(r is run for r in g.runs)), None)
@@ -175,19 +179,6 @@ def judge(group: Group, base: Group, margin: float, alpha: float = quality.ALPHA
     verdicts = {m: v and quality.at_margin(v, at[m]) for m, v in verdicts.items()}
     return verdicts, (f"{why}: tested on the validation set, an indication only (it leaves out the seeds' "
                       "variance)" + (f" ({missing})" if missing else ""))
-
-
-def decision(verdicts: dict, metrics) -> tuple:
-    """(metric, Verdict) a decision over `metrics` acts on, an intersection-union test: a candidate is equivalent
-    or better only where it is on every one of them, each tested at the same level, so the chance of calling a
-    harmful one equivalent stays at that level. Where all choose, the first metric's; else the one that stops it
-    (worse first, then not equivalent, then undecided); (None, None) where a metric has no verdict."""
-    got = [(m, verdicts.get(m)) for m in metrics]
-    if any(v is None for _, v in got):
-        return None, None
-    blocking = [(m, v) for m, v in got if not (v.decisive and v.word in quality.CHOOSES)]
-    order = {"worse": 0, "not equivalent": 1}
-    return min(blocking, key=lambda mv: order.get(mv[1].word, 2) if mv[1].decisive else 3) if blocking else got[0]
 
 
 def on_validation_set(run: dict, base: dict, margin: float, what: str, seeds: int) -> tuple:
@@ -265,6 +256,8 @@ class Report:
     base: int | None
     margin: float
     task: dict | None = None  # the baseline's (quality.task_of), which every verdict is on
+    margins: dict | None = None  # {metric: its margin} (margins_of)
+    metrics: list | None = None  # what the quality column's decision is over
 
     def head(self) -> list:
         return HEAD + [k for t in self.targets for k in (f"to {t:g} s", f"to {t:g} x")]
@@ -287,7 +280,7 @@ class Report:
         csv.writer(buf).writerows([head] + [[r.get(k) for k in head] for r in self.rows])
         records.write_file(out / "groups.csv", buf.getvalue())
         records.write_json(out / QUALITY_FILE, {"format": quality.FORMAT, "task": self.task, "margin": self.margin,
-                                                "metric": QUALITY[0], "groups": [
+                                                "metrics": self.metrics, "margins": self.margins, "groups": [
             {"group": r["group"], "baseline": i == self.base, "overrides": r["_overrides"], "choices": r["_choices"],
              "seeds": r["_seeds"], "samples_s": r["samples/s"], "speed_up": r["speed-up"],
              "verdicts": {m: v and v.record() for m, v in r["_verdicts"].items()}, "note": r["_note"],
@@ -309,26 +302,23 @@ def cell(row: dict, key: str) -> str:
 
 
 def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA,
-           margins: dict | None = None) -> Report:
+           margins: dict | None = None, metrics=DECIDING) -> Report:
     """The rows of `groups` (seed_groups') holding only the runs of the baseline group's task and code versions, one
     per seed (members.admitted), each with its verdict against the baseline (judge, each metric at `margin` or its
-    own in `margins`) and the runs it left out."""
+    own in `margins`), the decision over `metrics` (quality.decision) and the runs it left out."""
     on, why = reference(groups[base]) if base is not None else (None, "")
+    margins = margins or margins_of(margin)
     shown = [admitted(g, on) for g in groups]
     targets = sorted({t["auroc"] for g in shown for r in g.runs for t in r["summary"].get("targets") or []})
     rows = [summary_row(g, targets) for g in shown]
     ref = rows[base] if base is not None else {}
-    lines = [f"Quality against the baseline ({groups[base].label}): difference with the interval it was decided "
-             f"on; equivalent when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g}"
-             f"{other_margins(margins, margin)} (two one-sided tests at "
-             f"{alpha:.2%}), worse or better when the 95% one lies below or above 0; one seed is an indication, "
-             "never a decision:"] if base is not None else []
+    lines = [heading(groups[base].label, margin, margins, alpha, metrics)] if base is not None else []
     for i, (g, row) in enumerate(zip(groups, rows, strict=True)):
         ratios(row, ref, targets)
         verdicts, note = (judge(g, groups[base], margin, alpha, margins) if base is not None and i != base
                           else ({}, why or None))
-        head = verdicts.get(QUALITY[0])
-        row |= {"quality": "baseline" if i == base else (head.label() if head else None),
+        metric, head = quality.decision(verdicts, metrics)
+        row |= {"quality": "baseline" if i == base else decided(metric, head, metrics), "decided on": metric,
                 "interval": head and head.interval_text(), "_verdicts": verdicts,
                 "_note": note} | {f"{m} verdict": v and v.text() for m, v in verdicts.items()}
         if i == base and why:
@@ -336,7 +326,23 @@ def report(groups: list, base: int | None, margin: float, alpha: float = quality
         if i != base and base is not None:
             said = "; ".join(f"{m} {v.text()}" for m, v in verdicts.items() if v) or "no verdict"
             lines.append(f"- `{g.label}`: {said}" + (f". Note: {note}" if note else ""))
-    return Report(rows, lines + left_out_lines(shown), targets, base, margin, on and on["task"])
+    return Report(rows, lines + left_out_lines(shown), targets, base, margin, on and on["task"], margins,
+                  list(metrics))
+
+
+def heading(label: str, margin: float, margins: dict, alpha: float, metrics) -> str:
+    return (f"Quality against the baseline ({label}): difference with the interval it was decided on; equivalent "
+            f"when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g}{other_margins(margins, margin)} (two "
+            f"one-sided tests at {alpha:.2%}), worse or better when the 95% one lies below or above 0; one seed is an "
+            f"indication, never a decision. The quality column is the decision over {' and '.join(metrics)}: "
+            "equivalent (or better) only where each is, else the word of the metric that stops it:")
+
+
+def decided(metric: str | None, head, metrics) -> str | None:
+    """The quality column: the decision's word, naming the metric where another than the first stopped it."""
+    if head is None:
+        return None
+    return head.label() + (f" ({metric})" if metric != metrics[0] else "")
 
 
 def other_margins(margins: dict | None, margin: float) -> str:
