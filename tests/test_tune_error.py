@@ -64,7 +64,7 @@ class Sim:
             self.tried[c.name] = self.draw(c.name, 0, f"try-{c.name}") | {"status": "completed"}
         return [self.tried[c.name]]
 
-    def baseline_at(self, steps: int) -> list:
+    def baseline_at(self, rec: dict) -> list:
         return [{"final AUROC": a, "final F1": f} for a, f in self.base.values()]
 
     def pair(self, name: str):

@@ -1,17 +1,18 @@
 """Collapse: a run of a candidate that fell apart, which a paired interval over a few seeds cannot be trusted to
 see. A failure that strikes 1 run in N (a compressor's or an averaging strategy's occasional divergence) is absent
 from k runs with chance (1 - 1/N)^k: 0.34 for 1 in 7 over 7 seeds. So every run of a candidate is evidence, its
-halving rungs' trials as well as its verification seeds, each checked against the baseline's runs at the same step:
+halving rungs' trials as well as its verification seeds, each checked against the baseline's runs at the same
+number of training samples (a candidate with accumulation runs fewer steps of more samples):
 
 - a final metric of tune.metrics non-finite, or more than COLLAPSE times its margin below the lowest baseline run's
-  at that step (a trial's against the baseline's last evaluation at or before its step: the baseline is no higher
-  earlier, so a slow start is not taken for a collapse);
+  there (the baseline's last evaluation at or before that many samples: no higher earlier, so a slow start is not
+  taken for a collapse);
 - a non-finite loss (a divergence).
 
 One collapsed run keeps the candidate out of the choice, whatever its verdict; the playbook names the run.
 
     why(run, base, margins, metrics)   why `run` ({metric: value, "loss": ...}) collapsed against `base` (a list of
-                                       the baseline's {metric: value} at its step), or None
+                                       the baseline's {metric: value} at its samples), or None
     unseen(k, n)                       the chance that a failure striking 1 run in `n` is in none of `k` runs
 """
 
@@ -34,7 +35,7 @@ def why(run: dict, base: list, margins: dict, metrics) -> str | None:
             return f"its {m} is {v}"
         lowest = min((b[m] for b in base if b.get(m) is not None and math.isfinite(b[m])), default=None)
         if lowest is not None and v < lowest - COLLAPSE * margins[m]:
-            return (f"its {m} {v:.3f} is {lowest - v:.3f} below the baseline's lowest at its step ({lowest:.3f}; "
+            return (f"its {m} {v:.3f} is {lowest - v:.3f} below the baseline's lowest at its samples ({lowest:.3f}; "
                     f"a collapse: more than {COLLAPSE} x the margin {margins[m]:g})")
     return None
 
@@ -48,10 +49,11 @@ def values(rec: dict) -> dict:
     return {m: rec.get(k) for m, k in KEYS.items()} | {"loss": rec.get("loss")}
 
 
-def at_step(rows: list, steps: int) -> dict | None:
-    """{metric: value} of a run's last evaluation at or before `steps` among its metrics.jsonl `rows` (the best
-    ones over the evaluations up to it), or None before its first."""
-    evals = [r for r in rows if r["step"] <= steps and r.get("val/auroc_macro") is not None]
+def at_samples(rows: list, samples: int, per_step: int) -> dict | None:
+    """{metric: value} of a run's last evaluation at or before `samples` training samples among its metrics.jsonl
+    `rows`, `per_step` samples an optimizer step (the best ones over the evaluations up to it), or None before its
+    first. Samples, not steps: a candidate with accumulation runs fewer steps of more samples each."""
+    evals = [r for r in rows if r["step"] * per_step <= samples and r.get("val/auroc_macro") is not None]
     if not evals:
         return None
     last, best = evals[-1], max(evals, key=lambda r: r["val/auroc_macro"])

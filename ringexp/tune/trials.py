@@ -153,7 +153,8 @@ def outcome(code: int, start: float, run_dir: Path, log: Path) -> dict:
             "run_wall_s": summary.get("wall_time_s"),
             "auroc": summary["final"]["auroc_macro"], "f1": summary["final"].get("f1_macro"),
             "best_auroc": best.get("auroc_macro"), "best_f1": best.get("f1_macro"),
-            "loss": (summary.get("loss") or {}).get("last"), "lr_rule": summary.get("lr_rule")}
+            "loss": (summary.get("loss") or {}).get("last"), "lr_rule": summary.get("lr_rule"),
+            "samples": summary.get("steps", 0) * summary.get("global_batch_size", 0) or None}
     said = (summary or {}).get("error") or last_line(log)
     if code == 2:
         return ended(start, run_dir, "refused", said)

@@ -48,7 +48,7 @@ class Runs(Protocol):
 
     def trials(self, c) -> list: ...  # the completed trial records of c (its halving rungs), for collapse
 
-    def baseline_at(self, steps: int) -> list: ...  # [{metric: value}] of the baseline's full runs at that step
+    def baseline_at(self, rec: dict) -> list: ...  # [{metric: value}] of the baseline's full runs at rec's samples
 
 
 def alpha(tc) -> float:
@@ -121,9 +121,9 @@ def verify_one(tc, runs: Runs, c, v: Verification) -> bool:
 
 def collapsed(tc, runs: Runs, recs: list) -> str | None:
     """'<run> collapsed: why; not chosen' for the first of a candidate's run records `recs` that collapsed against
-    the baseline's full runs at its step (ringexp.tune.collapse), else None."""
+    the baseline's full runs at its samples (ringexp.tune.collapse), else None."""
     for r in recs:
-        if (why := collapse.why(collapse.values(r), runs.baseline_at(r["steps"]), tc.margins(), tc.metrics)):
+        if (why := collapse.why(collapse.values(r), runs.baseline_at(r), tc.margins(), tc.metrics)):
             return f"{r['key']} ({r['steps']} steps, seed {r['seed']}) collapsed: {why}; not chosen"
     return None
 
@@ -166,9 +166,14 @@ class FullRuns:
         return [r for r in self.budget.log.done.values()
                 if r["phase"] == "try" and r["candidate"] == c.name and r["status"] == "completed"]
 
-    def baseline_at(self, steps: int) -> list:
-        got = [collapse.at_step(records.read_rows(r["dir"]), steps) for r in self.budget.log.done.values()
-               if r["phase"] in FULL and r["candidate"] == "baseline" and r["status"] == "completed"]
+    def baseline_at(self, rec: dict) -> list:
+        """The baseline's full runs at trial record `rec`'s samples (its steps where it predates them)."""
+        got = []
+        for r in self.budget.log.done.values():
+            if r["phase"] in FULL and r["candidate"] == "baseline" and r["status"] == "completed":
+                both = rec.get("samples") and r.get("samples")
+                at, per_step = (rec["samples"], r["samples"] // r["steps"]) if both else (rec["steps"], 1)
+                got.append(collapse.at_samples(records.read_rows(r["dir"]), at, per_step))
         return [g for g in got if g is not None]
 
     def affords(self, c) -> bool:
