@@ -74,7 +74,7 @@ def test_the_planner_ranking_is_the_tune_space_over_the_sweep():
     pruned = [r["candidate"] for _, r, _ in plan["left_out"]]
     assert sorted(tried + pruned) == sorted(r["candidate"] for r in sweep["rows"])  # 22, each row once
     assert sorted(pruned) == ["+parallel=fsdp", "+parallel=fsdp accumulation.steps=4"]
-    # tune-story.md's last section: HEAD's ranking puts hierarchical_int8 9th of 20
+    # tune-story.md's replay section: HEAD's ranking puts hierarchical_int8 9th of 20
     assert len(tried) == 20 and tried.index("+parallel=hierarchical_int8") == 8
     assert plan["names"]["+parallel=ddp accumulation=x4"] == "ddp accumulation.steps=4"
 
