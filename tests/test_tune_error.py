@@ -5,15 +5,17 @@ Each scenario is drawn many times; the chance that the chosen candidate is worse
 tune.error (5%) within the simulation's own noise, and the same scenario tested without the correction (each test
 at 5%) must break it, so that the check could fail."""
 
+import json
 import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from ringexp import quality
+from ringexp import quality, records
 from ringexp.errors import ConfigError
-from ringexp.tune import collapse, verify
+from ringexp.tune import collapse, trials, verify
+from ringexp.tune.budget import Budget
 from ringexp.tune.config import TuneConfig
 from ringexp.verdicts.groups import Group
 
@@ -278,3 +280,22 @@ def test_a_collapse_is_a_drop_past_five_margins_or_anything_non_finite():
     assert "a divergence" in collapse.why(ok | {"loss": math.nan}, base, margins, AUROC_ONLY)
     assert "is nan" in collapse.why(ok | {"final AUROC": math.nan}, base, margins, AUROC_ONLY)
     assert collapse.unseen(7, 7) == pytest.approx(0.34, abs=0.005)
+
+
+def test_a_run_is_compared_with_the_baseline_at_the_same_training_samples(tmp_path):
+    """The tune's own FullRuns over recorded runs: an accumulation candidate's 30 steps of 64 samples are the
+    baseline's 120 steps of 16, so its final metrics meet the baseline's at step 120, not at step 24 (where they
+    once met, and a fall of 0.21 AUROC went unseen as a collapse); a record without samples falls back to steps."""
+    out = tmp_path / "tune"
+    base_dir = out / "trials" / "verify-baseline-s0"
+    base_dir.mkdir(parents=True)
+    rows = [{"step": s, "val/auroc_macro": 0.5 + s / 400, "val/f1_macro": 0.3 + s / 400} for s in (24, 48, 120)]
+    (base_dir / records.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = trials.Log(out / "trials.jsonl", out)
+    log.add({"key": "verify-baseline-s0", "phase": "diagnose", "candidate": "baseline", "status": "completed",
+             "dir": str(base_dir), "steps": 120, "seed": 0, "samples": 120 * 16})
+    runs = verify.FullRuns(TuneConfig(), None, Budget(600.0, log, 3, 0), None)
+    cand = {"key": "verify-topk-s0", "steps": 30, "seed": 0, "samples": 30 * 64, "auroc": 0.6, "f1": 0.6}
+    assert runs.baseline_at(cand) == [{"final AUROC": 0.8, "final F1": 0.6, "best AUROC": 0.8, "best F1": 0.6}]
+    assert "collapsed: its final AUROC 0.600 is 0.200 below" in verify.collapsed(TuneConfig(), runs, [cand])
+    assert runs.baseline_at({k: v for k, v in cand.items() if k != "samples"})[0]["final AUROC"] == 0.56
