@@ -20,7 +20,7 @@ from ringexp.cluster import files as clusters
 from ringexp.config import CONF_DIR
 from ringexp.models import build_model
 from ringexp.tune import cli, loop, ranking, space, trials
-from ringexp.tune.config import TuneConfig
+from ringexp.tune.config import MAX_RUNS, TuneConfig
 from ringexp.tune.loop import Tune
 from ringexp.tune.ranking import Ranking
 from ringexp.tune.refit import refit, scaled
@@ -159,19 +159,34 @@ def test_a_candidate_whose_accumulation_cannot_keep_the_evaluations_at_the_basel
         assert says in why and (says or ranking.full_steps(t.job.base, c) == full), why
 
 
-def test_a_candidate_that_failed_on_any_rung_is_out_of_verification(tmp_path):
-    """Two rungs: b crashes on the second after completing the first; it is not among the candidates verified."""
+def two_rungs(tmp_path, outcome):
+    """The tune's search over candidates a, b, c on two rungs, the tune's own Job with its trials made up here:
+    `outcome(cand, key, seed)` their status. (the names searched, the seeds each rung's trials ran at)"""
     t = bare_tune(tmp_path, "steps=60", trial_steps=15, rungs=2, verify=1)
     order = tuple(space.Candidate(n, [f"+parallel={n}"], t.job.base, {"step_s": 0.1, "samples_s": 1.0}) for n in "abc")
     r = Ranking(t.job.base, CLUSTER, (), COMPUTE, cands=order, order=order, base_pred={"step_s": 0.1, "samples_s": 1.0})
-    speed = {"a": 10.0, "b": 30.0, "c": 20.0}
+    speed, seeds = {"a": 10.0, "b": 30.0, "c": 20.0}, {}
 
-    class Job(loop.Job):  # the tune's Job, its trials made up here
+    class Job(loop.Job):
         def trial(self, key, phase, cand, overrides, steps, seed, every, start=None):
-            ok = not (cand == "b" and key.startswith("try-r1"))
-            return {"key": key, "status": "completed" if ok else "crashed", "samples_s": speed[cand], "steps": steps}
-    got = [c.name for c, _ in loop.search(Job(**vars(t.job)), t.budget, r, bar=lambda x, **_: x)]
+            seeds.setdefault(key[:6], set()).add(seed)
+            return {"key": key, "status": outcome(cand, key, seed), "samples_s": speed[cand], "steps": steps}
+    return [c.name for c, _ in loop.search(Job(**vars(t.job)), t.budget, r, bar=lambda x, **_: x)], seeds
+
+
+def test_a_candidate_that_failed_on_any_rung_is_out_of_verification(tmp_path):
+    """Two rungs: b crashes on the second after completing the first; it is not among the candidates verified."""
+    got, _ = two_rungs(tmp_path, lambda cand, key, _: "crashed" if cand == "b" and key.startswith("try-r1")
+                       else "completed")
     assert "b" not in got and got[0] == "c", got
+
+
+def test_each_rungs_trials_run_at_a_seed_of_their_own_that_no_verification_seed_repeats(tmp_path):
+    """Verification runs seeds 0 .. tune.seeds - 1 (at most MAX_RUNS / 2); a trial at seed 0 (as trials once ran)
+    would be verification's seed 0 again, shorter: no new evidence of a collapse that comes with a seed."""
+    _, seeds = two_rungs(tmp_path, lambda *_: "completed")
+    (r0,), (r1,) = seeds["try-r0"], seeds["try-r1"]
+    assert r0 != r1 and min(r0, r1) >= MAX_RUNS // 2, seeds
 
 
 def test_a_short_trial_of_powersgd_measures_it_compressed_and_is_ranked_by_its_whole_run(tmp_path):

@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from ringexp.tune import trials
+from ringexp.tune.config import MAX_RUNS
 from ringexp.tune.ranking import Ranking, full_steps
 
 FULL = ("diagnose", "verify")  # the phases whose runs are at full length (the baseline's seed 0 is diagnose's)
@@ -70,6 +71,14 @@ class Budget:
 def full_key(first_seed: int, c, i: int) -> str:
     """trials.jsonl's key of seed `i`'s full-length run of `c` (None: the baseline)."""
     return f"{prefix(c)}{first_seed + i}"
+
+
+def trial_seed(first_seed: int, rung: int) -> int:
+    """The seed of every trial at halving rung `rung`: past every verification seed (tune.seeds is at most
+    MAX_RUNS / 2, from `first_seed`), one per rung, so that each of a candidate's trials is a run its verification
+    does not repeat: a collapse tied to a seed counts once, and each rung is one more run to see a rare one in
+    (ringexp.tune.collapse)."""
+    return first_seed + MAX_RUNS // 2 + rung
 
 
 def prefix(c) -> str:

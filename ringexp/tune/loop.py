@@ -196,7 +196,7 @@ def search(job: Job, spend: budget.Budget, r: Ranking, bar=tqdm) -> list:
             key = f"try-r{rung}-{trials.slug(c.name)}"
             if key not in job.log.done and not spend.covers(spend.estimate(r, c, steps) + spend.reserve(r)):
                 break  # the rest, ranked lower, would not leave room to verify
-            rec = job.trial(key, "try", c.name, c.overrides, steps, job.base.seed, steps,
+            rec = job.trial(key, "try", c.name, c.overrides, steps, budget.trial_seed(job.base.seed, rung), steps,
                             ranking.trial_start(r, c.name))
             if rec["status"] == "completed":
                 got[c.name] = (c, rec)
