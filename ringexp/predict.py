@@ -137,8 +137,8 @@ SHOWN = 3  # differing fields of two tasks a message names (then how many more)
 _ABSENT = object()  # a task's field that one side lacks
 
 
-def quality_of(path, task: dict) -> dict:
-    """{conf/parallel preset: {metric: its verdict's record}, over the metrics the file decides on} from
+def quality_of(path, task: dict) -> tuple:
+    """({conf/parallel preset: {metric: its verdict's record}}, the metrics the file decides on) from
     compare's quality.json at `path` (quality=, the user's): the groups whose overrides are the baseline's but for
     `+parallel=NAME` (seeds apart). Every group and verdict of the file is checked first (quality.read_record: a
     reversed interval, a word its numbers do not give or a format of another version is refused, naming the group
@@ -168,7 +168,7 @@ def quality_of(path, task: dict) -> dict:
                                   f"{quality.named(by[preset])} and {quality.named(g['group'])}); give compare's "
                                   "quality.json as compare wrote it")
             out[preset], by[preset] = {m: g["verdicts"].get(m) for m in record["metrics"]}, g["group"]
-    return out
+    return out, list(record["metrics"])
 
 
 def task_differences(theirs, ours: dict) -> str:
@@ -233,7 +233,8 @@ def _shown(x) -> str:
 
 
 def judged(name: str, cfg, verdicts: dict, margins: dict) -> tuple:
-    """(quality word, measured difference in the first metric or None) of preset `name`, each metric at its margin
+    """(quality word, measured difference in the first metric or None, the metric whose verdict the decision took
+    or None) of preset `name`, each metric at its margin
     in `margins`: where every metric the record decides on has a decisive verdict (quality.MIN_SEEDS paired seeds
     or more), the decision over them (quality.decision: equivalent only where each is) judged again from their
     records' intervals; else "exact" for a preset that sends the gradients uncompressed at one micro-step with no
@@ -242,12 +243,12 @@ def judged(name: str, cfg, verdicts: dict, margins: dict) -> tuple:
     v = verdicts.get(name) or {}
     head = next(iter(v.values()), None)
     if v and all(x is not None and x["seeds"] >= quality.MIN_SEEDS for x in v.values()):
-        _, deciding = quality.decision({m: quality.Verdict.of(x, margins[m]) for m, x in v.items()}, list(v))
-        return deciding.word, head["diff"]
+        metric, deciding = quality.decision({m: quality.Verdict.of(x, margins[m]) for m, x in v.items()}, list(v))
+        return deciding.word, head["diff"], metric
     same_sums = parallel.STRATEGIES[cfg.parallel.strategy].exact  # (local_sgd, diloco: models drift between syncs)
     if same_sums and cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off":
-        return "exact", None
-    return (NO_VERDICT, None) if head is None else (quality.INDICATIVE, head["diff"])
+        return "exact", None, None
+    return (NO_VERDICT, None, None) if head is None else (quality.INDICATIVE, head["diff"], None)
 
 
 def calibrate_here(path: Path, ranks: int) -> None:

@@ -164,6 +164,11 @@ def decision(verdicts: dict, metrics) -> tuple:
     return min(blocking, key=lambda mv: order.get(mv[1].word, 2) if mv[1].decisive else 3) if blocking else got[0]
 
 
+def deciding_text(metrics, margins: dict) -> str:
+    """e.g. 'final AUROC (margin 0.02) and final F1 (margin 0.05)': what a decision over `metrics` is taken on."""
+    return " and ".join(f"{m} (margin {margins[m]:g})" for m in metrics)
+
+
 def at_margin(v: Verdict, margin: float) -> Verdict:
     """A validation-set verdict `v` decided again at another margin (its intervals are the data's; the margin only
     says where they must lie)."""

@@ -325,10 +325,11 @@ def test_a_sound_quality_record_is_read_as_it_was_written(tmp_path, monkeypatch,
 
 def test_a_preset_equivalent_on_auroc_but_worse_on_f1_is_not_recommended(tmp_path, monkeypatch, capsys):
     """The record decides on final AUROC and F1 (its metrics): ddp_topk equivalent on AUROC and worse on F1 is
-    worse, and not recommended; the same verdicts in a record that decides on AUROC alone make it equivalent."""
+    worse, and not recommended; the same verdicts in a record that decides on AUROC alone make it equivalent. The
+    report and plan.json say which metrics decided, and which one stopped it."""
     doc = record(verdict(0.001, [-0.004, 0.006], [-0.003, 0.005]))
     doc["groups"][2]["verdicts"]["final F1"] = verdict(-0.1, [-0.15, -0.05], [-0.14, -0.06], margin=0.05)
-    got = {}
+    got, said = {}, {}
     for on in (["final AUROC", "final F1"], ["final AUROC"]):
         path = tmp_path / f"quality-{len(on)}.json"
         records.write_json(path, doc | {"metrics": on})
@@ -336,10 +337,15 @@ def test_a_preset_equivalent_on_auroc_but_worse_on_f1_is_not_recommended(tmp_pat
         monkeypatch.setattr(sys, "argv", ["ringexp.plan", "predict", *PLAN, "presets=[ddp,ring_fp16,ddp_topk]",
                                           f"quality={path}", f"out={out}"])
         plan_main()
-        capsys.readouterr()
-        got[len(on)] = {r["preset"]: r["quality"] for r in json.loads((out / "plan.json").read_text())["rows"]}
-    assert got[2]["ddp_topk"] == "worse" and got[1]["ddp_topk"] == "equivalent", got
-    assert got[2]["ring_fp16"] == got[1]["ring_fp16"] == "equivalent", got
+        said[len(on)] = capsys.readouterr().out
+        plan = json.loads((out / "plan.json").read_text())
+        got[len(on)] = {r["preset"]: (r["quality"], r["decided_on"]) for r in plan["rows"]}
+        assert plan["decided_on"] == dict(zip(on, (0.02, 0.05)[:len(on)], strict=True)), plan["decided_on"]
+    assert got[2]["ddp_topk"] == ("worse", "final F1") and got[1]["ddp_topk"] == ("equivalent", "final AUROC"), got
+    assert got[2]["ring_fp16"] == got[1]["ring_fp16"] == ("equivalent", "final AUROC"), got
+    assert "ddp on final AUROC (margin 0.02) and final F1 (margin 0.05), each by a decisive" in said[2], said[2]
+    assert "Left out for quality: ddp_topk (worse on final F1)" in said[2], said[2]
+    assert "ddp on final AUROC (margin 0.02), each by a decisive" in said[1], said[1]
 
 
 @pytest.mark.parametrize("case, change, words", BAD_RECORDS, ids=[c[0] for c in BAD_RECORDS])

@@ -15,7 +15,7 @@ from ringexp.models import build_model
 from ringexp.plan.config import PlanConfig
 from ringexp.plan.report import plot, report
 from ringexp.predict import ELIGIBLE, compute_times, judged, over_steps, preset_config, presets, quality_of, row
-from ringexp.verdicts.groups import margins_of
+from ringexp.verdicts.groups import DECIDING, margins_of
 
 
 def predict(pc: PlanConfig, train: list) -> None:
@@ -29,7 +29,9 @@ def predict(pc: PlanConfig, train: list) -> None:
     configs = {n: preset_config(n, rest, cl.nodes) for n in one or pc.presets or presets()}
     base = configs.get("ddp") or preset_config("ddp", rest, cl.nodes)
     task = quality.task_of(base, cl.nodes * cl.ranks_per_node)  # the verdicts must be of it
-    verdicts = quality_of(pc.quality, task) if pc.quality else {}  # checked before anything is measured or written
+    # checked before anything is measured or written
+    verdicts, metrics = quality_of(pc.quality, task) if pc.quality else ({}, list(DECIDING))
+    margins = margins_of(pc.quality_budget, pc.f1_budget)
     model = build_model(base.model, base.data.num_labels)
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
     given = {k: getattr(pc, k) for k in ("forward_s", "backward_s", "optimizer_s")}
@@ -41,8 +43,7 @@ def predict(pc: PlanConfig, train: list) -> None:
         r["whole_samples_s"] = over_steps(r["preset"], cfg, cl, shapes, compute, here, 1, cfg.steps)["samples_s"]
         r["speedup"] = r["whole_samples_s"] / ddp["samples_s"]
     for r, cfg in zip(rows, configs.values(), strict=True):
-        r["quality"], r["auroc_diff"] = judged(r["preset"], cfg, verdicts, margins_of(pc.quality_budget,
-                                                                                       pc.f1_budget))
+        r["quality"], r["auroc_diff"], r["decided_on"] = judged(r["preset"], cfg, verdicts, margins)
     ok = [r for r in rows if r["quality"] in ELIGIBLE]
     best = max(ok, key=lambda r: r["whole_samples_s"]) if ok else ddp  # (none: the baseline, exact by definition)
     command = " ".join(["python -m ringexp.train", f"+parallel={best['preset']}", *rest])
@@ -50,11 +51,13 @@ def predict(pc: PlanConfig, train: list) -> None:
     plotted = {n: c for n, c in (configs | {"ddp": base}).items() if n in pc.plot_presets}
     plot(cl, {n: partial(step_at, cfg=c, shapes=shapes, compute=compute) for n, c in plotted.items()},
          out / "plan.png")
-    text = report(cl, base, rows, compute, source, command, pc.quality_budget, pc.quality, rest)
+    on = {m: margins[m] for m in metrics}
+    text = report(cl, base, rows, compute, source, command, on, pc.quality, rest)
     records.write_file(out / "plan.md", text)
     records.write_file(out / "plan.json", json.dumps({"cluster": plain(cl), "compute": compute,
                                                       "compute_source": source, "rows": rows,
                                                       "recommended": command, "quality": pc.quality,
+                                                      "decided_on": on,
                                                       "task": task}, indent=1) + "\n")
     print(text, end="")
     print(f"ringexp: wrote {out}/plan.md, plan.json and plan.png")

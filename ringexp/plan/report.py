@@ -12,7 +12,8 @@ from ringexp.predict import ELIGIBLE, NO_VERDICT
 BANDWIDTHS_GBIT = (0.1, 0.25, 0.5, 1, 2.5, 10, 25, 50, 100, 200, 400)
 
 
-def report(cl, base, rows: list, compute: dict, source: str, command: str, budget: float, record, rest: list) -> str:
+def report(cl, base, rows: list, compute: dict, source: str, command: str, on: dict, record, rest: list) -> str:
+    """plan.md; `on`: {metric: margin} a verdict-based recommendation is decided on."""
     ranks, nccl = cl.nodes * cl.ranks_per_node, cl.backend == "nccl"
     lines = [f"# Predicted by ringexp's cost model (not measured): {base.model.name}, batch {base.data.batch_size} "
              f"per rank, on {cl.name}: {cl.nodes} node(s) x {cl.ranks_per_node} = {ranks} ranks", "",
@@ -24,32 +25,35 @@ def report(cl, base, rows: list, compute: dict, source: str, command: str, budge
              + (" NCCL's choice (model) |" if nccl else ""), "|" + "---|" * (12 + nccl)]
     for r in sorted(rows, key=lambda r: -r["whole_samples_s"]):
         diff = "" if r["auroc_diff"] is None else f" ({r['auroc_diff']:+.3f})"
+        if r["decided_on"] not in (None, next(iter(on))):  # (stopped by another metric than the one shown)
+            diff += f", decided on {r['decided_on']}"
         lines.append(f"| {r['preset']} | {r['strategy']} | {r['compression']} | {r['accumulation']} | "
                      f"{r['comm_s']:.3f} | {r['exposed_s']:.3f} | {r['step_s']:.3f} | {r['samples_s']:.1f} | "
                      f"{r['whole_samples_s']:.1f} | {r['speedup']:.2f}x | {r['sent_bytes'] / 1e6:.2f} | "
                      f"{r['quality']}{diff} |"
                      + (f" {r['nccl'] or 'its own p2p messages'} |" if nccl else ""))
-    return "\n".join(lines + quality_lines(rows, command, budget, record, rest, ranks)) + "\n"
+    return "\n".join(lines + quality_lines(rows, command, on, record, rest, ranks)) + "\n"
 
 
-def quality_lines(rows: list, command: str, budget: float, record, rest: list, ranks: int) -> list:
+def quality_lines(rows: list, command: str, on: dict, record, rest: list, ranks: int) -> list:
     """What the recommendation was chosen from, whose verdicts, what was left out, and how to get the verdicts this
     task lacks (`record`: the quality= file, or None; `rest`: the user's training overrides; `ranks`: the task's
     world size)."""
     ok = [r for r in rows if r["quality"] in ELIGIBLE]
-    lines = ["", (f"Recommended (the fastest preset that is exact, or equivalent or better than ddp within "
-                  f"quality_budget={budget} macro-AUROC by a decisive verdict: {quality.MIN_SEEDS} paired seeds or "
-                  f"more): `{command}`") if ok else
+    lines = ["", (f"Recommended (the fastest preset that is exact, or equivalent or better than ddp on "
+                  f"{quality.deciding_text(on, on)}, each by a decisive verdict: {quality.MIN_SEEDS} paired seeds "
+                  f"or more): `{command}`") if ok else
              (f"Recommended: `{command}`, the baseline: no preset predicted here is exact or has a decisive verdict "
               "on this task"),
              (f"Quality: the verdicts of {record}, measured on this task (the same model, data, optimizer, world "
-              "size, samples and evaluation spacing) and judged again at quality_budget; a verdict on one seed is "
-              f"shown as {quality.INDICATIVE} and not acted on" if record else
+              "size, samples and evaluation spacing) and judged again at quality_budget and f1_budget; a verdict "
+              f"on one seed is shown as {quality.INDICATIVE} and not acted on" if record else
               "Quality: no record of verdicts given (quality=PATH), so none is known for this task") +
              "; exact: every step's gradients summed uncompressed at one micro-step, the same arithmetic as ddp"]
     wanting = [r for r in rows if r["quality"] in (NO_VERDICT, quality.INDICATIVE)]
     if judged := [r for r in rows if r["quality"] not in (*ELIGIBLE, NO_VERDICT, quality.INDICATIVE)]:
-        lines.append("Left out for quality: " + ", ".join(f"{r['preset']} ({r['quality']})" for r in judged))
+        lines.append("Left out for quality: " + ", ".join(f"{r['preset']} ({r['quality']} on {r['decided_on']})"
+                                                          for r in judged))
     if wanting:
         named = ", ".join(r["preset"] + (" (one seed only)" if r["quality"] == quality.INDICATIVE else "")
                           for r in wanting)

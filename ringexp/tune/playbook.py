@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from ringexp import records
+from ringexp import quality, records
 from ringexp.config import plain
 from ringexp.plotting import pyplot, save, short
 from ringexp.tune import collapse, ranking, verify
@@ -164,13 +164,12 @@ def verify_part(o, rep) -> list:
 
 def decided_on(tc) -> str:
     """What a choice needs, and what its bound assumes."""
-    on = " and ".join(f"{m} (margin {tc.margins()[m]:g})" for m in tc.metrics)
-    return (f"Decided on {on}: a candidate is chosen only where it is equivalent or better on each, every test at "
-            f"tune.error / tune.verify = {verify.alpha(tc):.2%} (an intersection-union test: at most "
-            f"{tc.error:.0%} chance that the chosen one is worse than a margin), and only where none of its runs "
-            f"collapsed (more than {collapse.COLLAPSE} margins below the baseline at the same step, or non-finite). "
-            "The bound assumes seed-to-seed differences close to normal; a failure on rare seeds is what it cannot "
-            "see.")
+    return (f"Decided on {quality.deciding_text(tc.metrics, tc.margins())}: a candidate is chosen only where it is "
+            f"equivalent or better on each, every test at tune.error / tune.verify = {verify.alpha(tc):.2%} (an "
+            f"intersection-union test: at most {tc.error:.0%} chance that the chosen one is worse than a margin), and "
+            f"only where none of its runs collapsed (more than {collapse.COLLAPSE} margins below the baseline at the "
+            "same training samples, or non-finite). The bound assumes seed-to-seed differences close to normal; a "
+            "failure on rare seeds is what it cannot see.")
 
 
 def unseen_line(o) -> list:
