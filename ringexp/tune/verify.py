@@ -58,14 +58,20 @@ def alpha(tc) -> float:
 
 def verify(tc, tried: list, runs: Runs, bar=tqdm, into: Verification | None = None) -> Verification:
     """Fastest first: each candidate over its seeds and the baseline's (stopped early by a decisive worse or not
-    equivalent, or a failed run); the first one chosen() is. A knob value that made its own preset worse (the preset
-    without it verified and not worse) is not verified again on another preset (`blamed`)."""
+    equivalent, a failed run or a collapsed one; not begun where its trial collapsed); the first one chosen() is.
+    A knob value that made its own preset worse (the preset without it verified and not worse) is not verified
+    again on another preset (`blamed`)."""
     v, blamed = into if into is not None else Verification(), {}
     for c, _ in bar(tried, desc="verify", leave=False):
         if len(v.verified) == tc.verify:
             break
         if (why := next((k for k in c.overrides[1:] if k in blamed), None)) is not None:
             v.skipped.append((c, f"{why} made {blamed[why]} worse than {blamed[why].split()[0]} without it"))
+            continue
+        # a collapsed trial keeps `c` out before its seeds are paid for, and before a test of it takes one of the
+        # tune.verify slots the bound is divided among (the story's tune once spent six of ten so)
+        if (fell := collapsed(tc, runs, runs.trials(c))) is not None:
+            v.skipped.append((c, fell))
             continue
         if not verify_one(tc, runs, c, v):
             break
@@ -98,9 +104,6 @@ def blame(v: Verification, c) -> dict:
 def verify_one(tc, runs: Runs, c, v: Verification) -> bool:
     """Run `c`'s seeds (and the baseline's) as far as they decide; False, before any, where the budget cannot
     pay for all of them (a candidate verified on fewer seeds than it needs could not be chosen)."""
-    if (fell := collapsed(tc, runs, runs.trials(c))) is not None:  # (before its seeds are paid for)
-        v.verified.append((c, (None, fell)))
-        return True
     if not runs.affords(c):
         return False
     failed = None
