@@ -11,7 +11,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ringexp import records
+from ringexp import quality, records
 from ringexp.errors import one_line, print_error
 from ringexp.verdicts.cells import markdown_table
 from studies.tune_replay import OUT as REPLAY
@@ -67,13 +67,16 @@ def tune_lines(got, sweep: dict, seeds: int) -> list:
     b = next(g for g in groups if g.get("quality") == "baseline")
     chosen = next((g for g in groups if got["chosen"] and own(g["group"]) == own(got["chosen"], True)), None)
     launch = statistics.median([x["wall_s"] - x["run_wall_s"] for x in runs if x.get("run_wall_s")] or [0.0])
-    verified = ", ".join(f"{v['candidate']}: {(v['verdict'] or {}).get('word', 'no verdict')}" for v in got["verified"])
-    out = ["## The tune at its error bound", "", f"Chosen: `{got['command']}`", "",
+    verified = ", ".join(f"{v['candidate']}: {said(v)}" for v in got["verified"])
+    took = "Chosen" if got["chosen"] else "Kept the baseline (no candidate was verified as equivalent)"
+    out = ["## The tune at its error bound", "", f"{took}: `{got['command']}`", "",
            f"- machine time {got['machine_s']:.0f} s, {got['machine_s'] / (ex_s * seeds):.2f} of the exhaustive sweep "
            f"at the same {seeds} seeds ({ex_s:.0f} s x {seeds} = {ex_s * seeds:.0f} s; the goal: at most 0.25); phases "
            + ", ".join(f"{k} {v:.0f} s" for k, v in got["phases"].items()),
            f"- runs {len(runs)} ({sum(x['status'] != 'completed' for x in runs)} failed); median launch beyond the "
            f"run's own wall time {launch:.0f} s",
+           f"- decided on {quality.deciding_text(list(got['decided_on']), got['decided_on'])}, each test at "
+           f"{got['level']:.2%} (tune.error / tune.verify): equivalent only where each is",
            f"- verified, fastest trial first: {verified}"]
     if got["skipped"]:
         out.append("- not verified: " + "; ".join(f"{n} ({why})" for n, why in got["skipped"]))
@@ -94,6 +97,14 @@ def tune_lines(got, sweep: dict, seeds: int) -> list:
                                     f"{g['speed-up']:.2f}x" if g["speed-up"] else "-", f"{g['final AUROC']:.3f}",
                                     g["quality"] or "-", g["interval"] or "-", reached(g), fmt_x(g.get("to 0.9 x"))]
                                    for g in groups]), ""]
+
+
+def said(v: dict) -> str:
+    """A verified candidate's word, with the metric that decided it (its verdict's test names it first), or its
+    note where it has no verdict (a collapse, a failed seed)."""
+    if not v["verdict"]:
+        return f"no verdict ({v.get('note') or 'none'})"
+    return f"{v['verdict']['word']} on {v['verdict']['test'].split(',')[0]}"
 
 
 def own(label: str, candidate: bool = False) -> set:
