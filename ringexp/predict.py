@@ -234,12 +234,12 @@ def _shown(x) -> str:
 
 def judged(name: str, cfg, verdicts: dict, margins: dict) -> tuple:
     """(quality word, measured difference in the first metric or None, the metric whose verdict the decision took
-    or None) of preset `name`, each metric at its margin
-    in `margins`: where every metric the record decides on has a decisive verdict (quality.MIN_SEEDS paired seeds
-    or more), the decision over them (quality.decision: equivalent only where each is) judged again from their
-    records' intervals; else "exact" for a preset that sends the gradients uncompressed at one micro-step with no
-    autocast and whose strategy sums every step's gradients (the same arithmetic up to the order of a sum); else
-    quality.INDICATIVE where the record's verdict is on one seed (shown, never acted on), or NO_VERDICT."""
+    or None) of preset `name`, each metric at its margin in `margins`: where every metric the record decides on
+    has a decisive verdict (quality.MIN_SEEDS paired seeds or more), the decision over them (quality.decision:
+    equivalent only where each is) judged again from their records' intervals; else "exact" for a preset that
+    sends the gradients uncompressed at one micro-step with no autocast and whose strategy sums every step's
+    gradients (the same arithmetic up to the order of a sum); else quality.INDICATIVE where the record's verdict
+    is on one seed (shown, never acted on), or NO_VERDICT."""
     v = verdicts.get(name) or {}
     head = next(iter(v.values()), None)
     if v and all(x is not None and x["seeds"] >= quality.MIN_SEEDS for x in v.values()):

@@ -293,8 +293,7 @@ def record_error(doc) -> str:
     if doc.get("format") != FORMAT:
         return (f"format is {_kind(doc.get('format'))}, not {FORMAT}: a record of an unknown format (format 1 has no "
                 "task; format 2 may pair runs of another task or code version; format 3 decides on AUROC alone); run "
-                "compare on the seed sweep again "
-                "to write it")
+                "compare on the seed sweep again to write it")
     if doc.get("task") is not None and not isinstance(doc["task"], dict):
         return f"task is {_kind(doc['task'])}, not the task the verdicts were measured on (an object) or null"
     if not _margin(doc.get("margin")):

@@ -15,7 +15,7 @@ from ringexp.models import build_model
 from ringexp.plan.config import PlanConfig
 from ringexp.plan.report import plot, report
 from ringexp.predict import ELIGIBLE, compute_times, judged, over_steps, preset_config, presets, quality_of, row
-from ringexp.verdicts.groups import DECIDING, margins_of
+from ringexp.verdicts.groups import margins_of
 
 
 def predict(pc: PlanConfig, train: list) -> None:
@@ -30,7 +30,7 @@ def predict(pc: PlanConfig, train: list) -> None:
     base = configs.get("ddp") or preset_config("ddp", rest, cl.nodes)
     task = quality.task_of(base, cl.nodes * cl.ranks_per_node)  # the verdicts must be of it
     # checked before anything is measured or written
-    verdicts, metrics = quality_of(pc.quality, task) if pc.quality else ({}, list(DECIDING))
+    verdicts, metrics = quality_of(pc.quality, task) if pc.quality else ({}, list(quality.DECIDING))
     margins = margins_of(pc.quality_budget, pc.f1_budget)
     model = build_model(base.model, base.data.num_labels)
     shapes = [p.shape for p in model.parameters() if p.requires_grad]

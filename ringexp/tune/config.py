@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from ringexp import quality
 from ringexp.config import TrainConfig, need, register
 from ringexp.predict import presets
-from ringexp.verdicts.groups import DECIDING, QUALITY, margins_of
+from ringexp.verdicts.groups import QUALITY, margins_of
 
 BUDGET_MIN = 7 * 24 * 60  # the largest budget, in minutes: a week
 MIN_RUN_S = 1.0  # no run of ringexp.train ends sooner: its Python starts and imports torch first
@@ -34,7 +34,7 @@ class TuneConfig:
     f1_budget: float = quality.F1_MARGIN  # and in macro-F1 (its seeds spread about twice as far: quality.F1_MARGIN)
     # what a chosen candidate must be equivalent (or better) on, each test at the same level (an intersection-union
     # test: the error bound holds for all of them at once); the seed articles judge every change on AUC and F1
-    metrics: List[str] = field(default_factory=lambda: list(DECIDING))
+    metrics: List[str] = field(default_factory=lambda: list(quality.DECIDING))
     # at most this chance that the chosen candidate is worse than the margin; above the level at which tune.seeds
     # paired seeds could call anything equivalent (quality.smallest_level, per verification slot)
     error: float = quality.ALPHA

@@ -48,7 +48,6 @@ GROUP_METRICS = {"samples/s": "throughput.median", "whole run": "throughput.whol
                  "final AUROC": "final.auroc_macro", "best AUROC": "best.auroc_macro", "final F1": "final.f1_macro",
                  "best F1": "best.f1_macro"}
 QUALITY = ("final AUROC", "best AUROC", "final F1", "best F1")  # judged against the baseline; the first is the headline
-DECIDING = quality.DECIDING
 HEAD = ["group", "seeds", "seed values", "samples/s", "whole run", "speed-up", "final AUROC", "AUROC vs baseline",
         "quality", "interval", "best AUROC", "final F1"]
 SPREAD = ("mean ± sample standard deviation (n - 1) over a group's runs (one run: its value alone); samples/s: the "
@@ -302,7 +301,7 @@ def cell(row: dict, key: str) -> str:
 
 
 def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA,
-           margins: dict | None = None, metrics=DECIDING) -> Report:
+           margins: dict | None = None, metrics=quality.DECIDING) -> Report:
     """The rows of `groups` (seed_groups') holding only the runs of the baseline group's task and code versions, one
     per seed (members.admitted), each with its verdict against the baseline (judge, each metric at `margin` or its
     own in `margins`), the decision over `metrics` (quality.decision) and the runs it left out."""
