@@ -291,7 +291,9 @@ def test_a_collapse_is_a_drop_past_five_margins_or_anything_non_finite():
 def test_a_run_is_compared_with_the_baseline_at_the_same_training_samples(tmp_path):
     """The tune's own FullRuns over recorded runs: an accumulation candidate's 30 steps of 64 samples are the
     baseline's 120 steps of 16, so its final metrics meet the baseline's at step 120, not at step 24 (where they
-    once met, and a fall of 0.21 AUROC went unseen as a collapse); a record without samples falls back to steps."""
+    once met, and a fall of 0.21 AUROC went unseen as a collapse); a record without samples falls back to steps. Its
+trial meets the baseline at as many optimizer steps (the bound story's accumulation trials, 20 steps of 4
+micro-batches, were each taken for a collapse against the baseline's step 80)."""
     out = tmp_path / "tune"
     base_dir = out / "trials" / "verify-baseline-s0"
     base_dir.mkdir(parents=True)
@@ -305,3 +307,6 @@ def test_a_run_is_compared_with_the_baseline_at_the_same_training_samples(tmp_pa
     assert runs.baseline_at(cand) == [{"final AUROC": 0.8, "final F1": 0.6, "best AUROC": 0.8, "best F1": 0.6}]
     assert "collapsed: its final AUROC 0.600 is 0.200 below" in verify.collapsed(TuneConfig(), runs, [cand])
     assert runs.baseline_at({k: v for k, v in cand.items() if k != "samples"})[0]["final AUROC"] == 0.56
+    # its trial, whose schedule ends within its 30 steps, meets the baseline where it had run 30 steps (24's values)
+    trial = cand | {"key": "try-r0-topk", "phase": "try", "auroc": 0.5}
+    assert runs.baseline_at(trial)[0]["final AUROC"] == 0.56 and verify.collapsed(TuneConfig(), runs, [trial]) is None
