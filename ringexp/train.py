@@ -23,6 +23,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from ringexp import backend, checkpoint, entry, records, rundir
+from ringexp import dist as rdist
 from ringexp.config import CONF_DIR, Device, credentials, hidden, plain
 from ringexp.errors import ConfigError, PeerLost, RunDirTaken, one_line, print_error, print_warning
 from ringexp.launch import launch, refused_elsewhere, run_worker, slurm_task, worker_failure
@@ -194,4 +195,4 @@ def cli() -> None:
 
 
 if __name__ == "__main__":
-    cli()
+    rdist.end(cli)

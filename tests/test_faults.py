@@ -96,3 +96,40 @@ def test_a_rank_that_lost_its_peers_names_them_even_when_its_agent_stops_it(sign
     r = subprocess.run([sys.executable, "-c", STOPPED_RANK, signal_name], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.stdout.strip().splitlines()[-1] == said, r.stdout + r.stderr[-2000:]
+
+
+ENDS = """
+import atexit, sys
+from ringexp import dist as rdist
+
+class Finalized:  # (its __del__ runs as the interpreter finalizes, where torch's gloo aborts a process now and then)
+    def __del__(self):
+        print("finalized", flush=True)
+
+kept = Finalized()
+atexit.register(print, "exit handlers ran", flush=True)
+
+def main():
+    if sys.argv[1] == "group":
+        rdist.init("cpu", timeout_s=TIMEOUT)
+        rdist.cleanup()
+    print("done", end="")  # (unflushed: the end must flush it)
+    sys.exit(int(sys.argv[2]))
+
+rdist.end(main)
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_process_that_held_a_group_ends_with_its_code_and_exit_handlers_but_never_finalizes(code):
+    """rdist.end: a rank that joined a process group skips the interpreter's finalization, where torch 2.14.1 aborts
+    a process now and then after its work is done (and torchrun's agents then wait 300 s for its node), yet keeps its
+    exit code, its exit handlers and what it printed; a process that held none ends as Python ends it."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+           "WORLD_SIZE": "1", "PYTHONPATH": str(ROOT)}
+    for held, finalizes in (("group", False), ("none", True)):
+        r = subprocess.run([sys.executable, "-c", ENDS.replace("TIMEOUT", str(TIMEOUT_S)), held, str(code)],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == code, r.stderr
+        assert r.stdout.startswith("done") and "exit handlers ran" in r.stdout, r.stdout
+        assert ("finalized" in r.stdout) == finalizes, (held, r.stdout)

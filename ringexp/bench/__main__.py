@@ -1,4 +1,5 @@
+from ringexp import dist as rdist
 from ringexp import entry
 from ringexp.bench import main, other_rank
 
-entry.run(main, other_rank)
+rdist.end(lambda: entry.run(main, other_rank))

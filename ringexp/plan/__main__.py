@@ -1,3 +1,4 @@
+from ringexp import dist as rdist
 from ringexp.plan.cli import main
 
-main()
+rdist.end(main)
