@@ -138,7 +138,8 @@ _ABSENT = object()  # a task's field that one side lacks
 
 
 def quality_of(path, task: dict) -> tuple:
-    """({conf/parallel preset: {metric: its verdict's record}}, the metrics the file decides on) from
+    """({conf/parallel preset: {metric: its verdict's record}}, the file's "metrics" its decisions are on, "alpha"
+    each test's level and "family" the configurations that was divided among) from
     compare's quality.json at `path` (quality=, the user's): the groups whose overrides are the baseline's but for
     `+parallel=NAME` (seeds apart). Every group and verdict of the file is checked first (quality.read_record: a
     reversed interval, a word its numbers do not give or a format of another version is refused, naming the group
@@ -168,7 +169,7 @@ def quality_of(path, task: dict) -> tuple:
                                   f"{quality.named(by[preset])} and {quality.named(g['group'])}); give compare's "
                                   "quality.json as compare wrote it")
             out[preset], by[preset] = {m: g["verdicts"].get(m) for m in record["metrics"]}, g["group"]
-    return out, list(record["metrics"])
+    return out, {k: record[k] for k in ("metrics", "alpha", "family")}
 
 
 def task_differences(theirs, ours: dict) -> str:
@@ -232,18 +233,25 @@ def _shown(x) -> str:
     return text if len(text) <= 40 else f"a {'list' if isinstance(x, list) else 'mapping'} of {len(x)}"
 
 
-def judged(name: str, cfg, verdicts: dict, margins: dict) -> tuple:
+def decisive(v) -> bool:
+    """Whether a preset's verdicts ({metric: record or None}, quality_of's) may decide it: one on every metric the
+    record decides on, each over quality.MIN_SEEDS paired seeds or more."""
+    return bool(v) and all(x is not None and x["seeds"] >= quality.MIN_SEEDS for x in v.values())
+
+
+def judged(name: str, cfg, verdicts: dict, margins: dict, alpha: float = quality.ALPHA) -> tuple:
     """(quality word, measured difference in the first metric or None, the metric whose verdict the decision took
-    or None) of preset `name`, each metric at its margin in `margins`: where every metric the record decides on
-    has a decisive verdict (quality.MIN_SEEDS paired seeds or more), the decision over them (quality.decision:
-    equivalent only where each is) judged again from their records' intervals; else "exact" for a preset that
+    or None) of preset `name`, each metric at its margin in `margins`: where its verdicts are decisive, the decision
+    over them (quality.decision: equivalent only where each is) judged again from their records' intervals, each
+    test read at `alpha` (quality.at_alpha: the level the reader's bound needs); else "exact" for a preset that
     sends the gradients uncompressed at one micro-step with no autocast and whose strategy sums every step's
-    gradients (the same arithmetic up to the order of a sum); else quality.INDICATIVE where the record's verdict
-    is on one seed (shown, never acted on), or NO_VERDICT."""
+    gradients (the same arithmetic up to the order of a sum); else quality.INDICATIVE where the record's verdict is
+    on one seed (shown, never acted on), or NO_VERDICT."""
     v = verdicts.get(name) or {}
     head = next(iter(v.values()), None)
-    if v and all(x is not None and x["seeds"] >= quality.MIN_SEEDS for x in v.values()):
-        metric, deciding = quality.decision({m: quality.Verdict.of(x, margins[m]) for m, x in v.items()}, list(v))
+    if decisive(v):
+        at = {m: quality.at_alpha(quality.Verdict.of(x, margins[m]), alpha) for m, x in v.items()}
+        metric, deciding = quality.decision(at, list(v))
         return deciding.word, head["diff"], metric
     same_sums = parallel.STRATEGIES[cfg.parallel.strategy].exact  # (local_sgd, diloco: models drift between syncs)
     if same_sums and cfg.compression.name == "none" and cfg.accumulation.steps == 1 and cfg.amp.mode == "off":

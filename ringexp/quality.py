@@ -23,6 +23,7 @@ leaves out the seed-to-seed variance (on the slow-link story's records 5-30x wid
 MIN_SEEDS paired seeds; the tune, the planner and compare's quality column act on decisive verdicts only.
 """
 
+import functools
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -46,9 +47,10 @@ SLACK = 1e-9  # a difference may lie this far past its interval's end: the mean 
 ALPHA = 0.05  # each one-sided test's level: the equivalence interval is the 90% one
 MIN_SEEDS = 2  # paired seeds a decision needs (the t interval over seeds is exact from 2 under normal differences)
 INDICATIVE = "one seed (indicative)"  # what a verdict on fewer seeds is called wherever a decision would be shown
-FORMAT = 4  # quality.json's format: 2 recorded the task and, per verdict, its seeds and its equivalence level; 3 only
+FORMAT = 5  # quality.json's format: 2 recorded the task and, per verdict, its seeds and its equivalence level; 3 only
 # pairs runs of the baseline's task and code versions, one per seed, and names the runs it left out; 4 records the
-# metrics a decision is over (DECIDING) and each metric's margin, F1's its own
+# metrics a decision is over (DECIDING) and each metric's margin, F1's its own; 5 each test's level (alpha) and the
+# family of configurations it was divided among
 # The finest step between two recorded macro-AUROCs at or above chance: torchmetrics computes them in float32 (even
 # from float64 scores), whose values in [0.5, 1) are multiples of 2^-24; so are the paired differences of two runs'.
 RESOLUTION = 2.0 ** -24
@@ -146,7 +148,7 @@ def decide(diff: float, ci95: tuple, ci_eq: tuple, margin: float) -> str:
         return "equivalent"
     if ci95[1] < 0:
         return "worse"
-    if ci95[0] > 0:
+    if min(ci95[0], ci_eq[0]) > 0:  # (at a level past 95% each test's own: else a harmful better slips the bound)
         return "better"
     return "not equivalent" if abs(diff) >= margin else "inconclusive"
 
@@ -169,6 +171,18 @@ def deciding_text(metrics, margins: dict) -> str:
     return " and ".join(f"{m} (margin {margins[m]:g})" for m in metrics)
 
 
+def at_alpha(v: Verdict, alpha: float) -> Verdict:
+    """A paired-seeds verdict `v` (paired_seeds': a t interval over v.seeds differences) with its equivalence
+    interval at level 1 - 2 alpha instead, its word decided again: the same centre, the half-width times the ratio
+    of the two t quantiles. The planner reads a record's verdicts so, at the level its bound needs."""
+    was = (1 - v.level) / 2
+    half = (v.ci_eq[1] - v.ci_eq[0]) / 2 * t_quantile(1 - alpha, v.seeds - 1) / t_quantile(1 - was, v.seeds - 1)
+    mid = (v.ci_eq[0] + v.ci_eq[1]) / 2
+    ci_eq = (mid - half, mid + half)
+    return replace(v, word=decide(v.diff, v.ci95, ci_eq, v.margin), ci_eq=ci_eq, level=1 - 2 * alpha,
+                   more_seeds=None)
+
+
 def at_margin(v: Verdict, margin: float) -> Verdict:
     """A validation-set verdict `v` decided again at another margin (its intervals are the data's; the margin only
     says where they must lie)."""
@@ -181,8 +195,15 @@ def t_interval(d: np.ndarray, level: float) -> tuple:
     difference is the same)."""
     if np.ptp(d) == 0:
         return float(d[0]), float(d[0])
-    half = scipy_stats().t.ppf((1 + level) / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    half = t_quantile((1 + level) / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
     return float(d.mean() - half), float(d.mean() + half)
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(q: float, df: int) -> float:
+    """Student's t quantile, remembered: the levels and seed counts a program uses are few, and each call of scipy's
+    costs a hundred times the arithmetic around it (the planner's error simulation makes thousands)."""
+    return float(scipy_stats().t.ppf(q, df))
 
 
 def paired_seeds(diffs, margin: float, alpha: float = ALPHA) -> Verdict:
@@ -292,8 +313,8 @@ def record_error(doc) -> str:
         return f"holds {_kind(doc)}, not a record of verdicts (an object with margin, metric and groups)"
     if doc.get("format") != FORMAT:
         return (f"format is {_kind(doc.get('format'))}, not {FORMAT}: a record of an unknown format (format 1 has no "
-                "task; format 2 may pair runs of another task or code version; format 3 decides on AUROC alone); run "
-                "compare on the seed sweep again to write it")
+                "task; format 2 may pair runs of another task or code version; format 3 decides on AUROC alone; format "
+                "4 records no family its tests were divided among); run compare on the seed sweep again to write it")
     if doc.get("task") is not None and not isinstance(doc["task"], dict):
         return f"task is {_kind(doc['task'])}, not the task the verdicts were measured on (an object) or null"
     if not _margin(doc.get("margin")):
@@ -304,13 +325,25 @@ def record_error(doc) -> str:
     margins = doc.get("margins")
     if not isinstance(margins, dict) or not all(_margin(margins.get(m)) for m in metrics):
         return f"margins is {_kind(margins)}, not each decision metric's margin in [0, 1)"
+    if level_error(doc.get("alpha")) or not (type(doc.get("family")) is int and doc["family"] >= 1):
+        return (f"alpha is {_kind(doc.get('alpha'))} and family {_kind(doc.get('family'))}, not each test's level in "
+                "(0, 0.5) and the count (1 or more) of configurations it was divided among")
     if not isinstance(doc.get("groups"), list) or not doc["groups"]:
         return f"groups is {_kind(doc.get('groups'))}, not a list of the seed groups"
     for i, g in enumerate(doc["groups"]):
-        if bad := group_error(g):
+        if bad := group_error(g) or level_of(g, doc["alpha"]):
             name = g.get("group") if isinstance(g, dict) else None
             return f"{f'group {named(name)}' if isinstance(name, str) else f'groups[{i}]'}: {bad}"
     return groups_error(doc["groups"])
+
+
+def level_of(g: dict, alpha: float) -> str:
+    """What in sound group `g` was not tested at the record's `alpha`: a decisive verdict at another level (one
+    raised to pass as the level a reader needs)."""
+    for m, v in g["verdicts"].items():
+        if v is not None and v["seeds"] >= MIN_SEEDS and not math.isclose(v["level"], 1 - 2 * alpha, rel_tol=1e-9):
+            return f"{m}: its level {v['level']:.4%} is not the record's 1 - 2 alpha = {1 - 2 * alpha:.4%}"
+    return ""
 
 
 def groups_error(groups: list) -> str:

@@ -432,6 +432,7 @@ def test_fastest_prints_the_choice_of_the_group_with_the_highest_mean_throughput
     ("sweep", ["--fastest", "nosuch"]), ("sweep", ["--fastest", ""]), ("sweep", ["--fastest", "parallel", "--groups"]),
     ("sweep", ["--fastest"]), ("sweep", ["--groups=yes"]), ("sweep", ["--no-such-flag"]),
     ("sweep", ["--quality-budget", "-0.01"]), ("sweep", ["--quality-budget", "nan"]),
+    ("sweep", ["--family", "0"]), ("sweep", ["--family", "two"]),
     ("sweep", ["--baseline", "nosuch"]),
     ("failed", ["--fastest", "parallel"])])  # nothing completed to choose from
 def test_compare_rejects_a_bad_flag_with_one_line(tmp_path, capsys, where, args):

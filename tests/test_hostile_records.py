@@ -228,7 +228,7 @@ def record(topk) -> dict:
                "verdicts": {"final AUROC": topk, "final F1": verdict(-0.01, [-0.05, 0.03], [-0.04, 0.02])}}]
     groups = [g | {"seeds": ["0", "1", "2"], "left_out": []} for g in groups]
     return {"format": quality.FORMAT, "task": plan_task(), "margin": 0.02, "metrics": ["final AUROC", "final F1"],
-            "margins": {"final AUROC": 0.02, "final F1": 0.05}, "groups": groups}
+            "margins": {"final AUROC": 0.02, "final F1": 0.05}, "alpha": 0.05, "family": 2, "groups": groups}
 
 
 def topk_entry(doc) -> dict:
@@ -284,13 +284,19 @@ BAD_RECORDS = [
      "group '+parallel=ring_fp16': left_out is null, not a list of runs left out"),
     ("a list, not a record", lambda d: [d], "holds a list of 1, not a record of verdicts"),
     ("no margin", lambda d: d.pop("margin") and None, "margin is null, not a number in [0, 1)"),
-    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 4: a record of an unknown"),
-    ("format 2 (may pair runs of another task)", lambda d: d.update(format=2), "format is 2, not 4: a record of an "
+    ("no format (format 1)", lambda d: d.pop("format") and None, "format is null, not 5: a record of an unknown"),
+    ("format 2 (may pair runs of another task)", lambda d: d.update(format=2), "format is 2, not 5: a record of an "
      "unknown format (format 1 has no task; format 2 may pair runs of another task or code version"),
-    ("format 3 (decides on AUROC alone)", lambda d: d.update(format=3), "format is 3, not 4: a record of an "
+    ("format 3 (decides on AUROC alone)", lambda d: d.update(format=3), "format is 3, not 5: a record of an "
      "unknown format"),
-    ("a format to come", lambda d: d.update(format=5), "format is 5, not 4: a record of an unknown format"),
-    ("format as text", lambda d: d.update(format="4"), "format is '4', not 4"),
+    ("format 4 (each test at 5% whatever the family)", lambda d: d.update(format=4), "format is 4, not 5: a record "
+     "of an unknown format"),
+    ("a format to come", lambda d: d.update(format=6), "format is 6, not 5: a record of an unknown format"),
+    ("format as text", lambda d: d.update(format="5"), "format is '5', not 5"),
+    ("no family", lambda d: d.pop("family") and None, "alpha is 0.05 and family null, not each test's level"),
+    ("alpha past 0.5", lambda d: d.update(alpha=0.7), "alpha is 0.7 and family 2, not each test's level in (0, 0.5)"),
+    ("a verdict at another level than the record's", lambda d: d.update(alpha=0.025),
+     "group '+parallel=ring_fp16': final AUROC: its level 90.0000% is not the record's 1 - 2 alpha = 95.0000%"),
     ("no metrics", lambda d: d.pop("metrics") and None, "metrics is null, not the list of the metrics a decision"),
     ("a metric without its margin", lambda d: d["margins"].pop("final F1") and None,
      "margins is a dict, not each decision metric's margin in [0, 1)"),

@@ -408,6 +408,7 @@ BAD = [
     (["predict", "presets=[ddp,nosuch]"], "presets: no preset nosuch"),
     (["predict", "quality=/nonexistent/q.json"], "quality=/nonexistent/q.json: no such file (give the quality.json"),
     (["predict", "quality_budget=-0.01"], "quality_budget=-0.01: must be in [0, 1)"),
+    (["predict", "error=0.7"], "error=0.7: must be in (0, 0.5)"),
     (["calibrate", "nprocs=1"], "nprocs=1: calibrate needs at least 2 ranks"),
     # a line rate of 0 was taken as none: the link kept as measured, transport=socket's ceiling not kept, no word
     (["accuracy", "line_rate=0bit"], "line_rate=0bit: give a rate above 0 as tc writes it"),
@@ -591,7 +592,7 @@ def quality_record(path, task=None, one_seed=(), **diffs):
                    "verdicts": {"final AUROC": quality.paired_seeds([0.0, 0.001, 0.002], 0.02).record()}})
     records.write_json(path, {"format": quality.FORMAT, "task": plan_task() if task is None else task,
                               "margin": 0.02, "metrics": ["final AUROC"], "margins": {"final AUROC": 0.02},
-                              "groups": groups})
+                              "alpha": 0.05, "family": len(groups) - 1, "groups": groups})
     return path
 
 
@@ -654,7 +655,7 @@ def test_a_one_seed_verdict_is_shown_as_an_indication_and_never_acted_on(tmp_pat
         set(words(got).values()) == {"exact", quality.INDICATIVE, predict.NO_VERDICT}
     assert ("need a decisive verdict on this task to be recommended; none for: ring_fp16 (one seed only), "
             "ddp_powersgd (one seed only), ddp_topk\n") in text
-    assert "+parallel=ddp,ring_fp16,ddp_powersgd,ddp_topk seed=0,1,2 model.width=32" in text
+    assert "+parallel=ddp,ring_fp16,ddp_powersgd,ddp_topk seed=0,1,2,3,4,5,6 model.width=32" in text
 
 
 def test_without_a_record_only_exact_presets_are_recommended_and_the_report_says_how_to_measure(
@@ -669,7 +670,7 @@ def test_without_a_record_only_exact_presets_are_recommended_and_the_report_says
     assert got["recommended"] == "python -m ringexp.train +parallel=ddp model.width=32"
     assert "equivalent" not in "".join(r["quality"] for r in got["rows"])
     assert "no record of verdicts given (quality=PATH)" in text and "seed sweep of it on 4 ranks" in text
-    assert "python -m ringexp.train -m +parallel=ddp,ring_fp16,ddp_powersgd,ddp_topk seed=0,1,2" in text
+    assert "python -m ringexp.train -m +parallel=ddp,ring_fp16,ddp_powersgd,ddp_topk seed=0,1,2,3,4,5,6" in text
     assert "python -m ringexp.tune" in text and "docs/results" not in text
     got, text = predicted(tmp_path, monkeypatch, capsys, "+parallel=ring_fp16")
     assert words(got) == {"ring_fp16": predict.NO_VERDICT} and "+parallel=ddp " in got["recommended"] + " "
@@ -736,9 +737,9 @@ def test_a_record_of_another_task_is_one_line_naming_what_differs_and_nothing_is
 
 def test_a_record_of_an_older_format_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     """The shipped slow-link story's record (format 1: no task, ci90) is a result, never a verdict predict uses: one
-    line, exit 2; so is one of format 3 (its decisions on AUROC alone) and one of a format to come."""
-    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 4"),
-                         (tmp_path / "q3.json", "format is 3, not 4"), (tmp_path / "q5.json", "format is 5, not 4")):
+    line, exit 2; so is one of format 4 (no family its tests were divided among) and one of a format to come."""
+    for record, said in ((Path(ROOT, "docs", "results", "cluster-story-quality.json"), "format is null, not 5"),
+                         (tmp_path / "q4.json", "format is 4, not 5"), (tmp_path / "q6.json", "format is 6, not 5")):
         if record.parent == tmp_path:
             doc = json.loads(quality_record(record, ring_fp16=0.001).read_text())
             records.write_json(record, doc | {"format": int(record.stem[1:])})

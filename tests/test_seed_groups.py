@@ -9,6 +9,7 @@ import functools
 import json
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from ringexp import compare, quality, records
@@ -140,3 +141,21 @@ def test_runs_that_did_not_complete_are_named_in_their_group(tmp_path, capsys):
     assert any(line.startswith("FAILED") and "no summary.json: the run was killed" in line
                for line in out.splitlines()), out
     assert f"- `+parallel=ring_fp16`: {sweep / 'fp16-2'} (seed 2): unfinished: no summary.json" in out
+
+
+def test_each_test_runs_at_five_percent_over_the_family_and_the_record_says_so(tmp_path, capsys):
+    """Three presets beside ddp: each verdict at 5% / 3 (any of the three a choice could take), recorded as the
+    record's alpha and family and as each verdict's level; --family 1 tests each at 5%, the 90% interval."""
+    sweep = tmp_path / "sweep"
+    for seed in ("0", "1", "2"):
+        run(sweep / f"ddp-{seed}", "ddp", seed, AUROC[seed])
+        for preset in ("ring_fp16", "ring_int8", "ddp_fp16"):
+            run(sweep / f"{preset}-{seed}", preset, seed, AUROC[seed] + NEAR[seed])
+    for flags, family in (([], 3), (["--family", "1"], 1)):
+        assert compare.main([str(sweep), "--groups", *flags]) == 0
+        said = capsys.readouterr().out
+        record = quality.read_record(sweep / quality.FILE)
+        assert record["family"] == family and record["alpha"] == pytest.approx(0.05 / family), record
+        levels = {v["level"] for g in record["groups"] for v in g["verdicts"].values() if v}
+        assert levels and all(x == pytest.approx(1 - 0.1 / family) for x in levels), levels
+        assert (f"tests at {0.05 / family:.2%}: 5% over the 3 configurations" in said) == (family == 3), said

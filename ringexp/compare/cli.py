@@ -49,17 +49,17 @@ GROUP_OUTPUTS = ("groups.csv", seeds.QUALITY_FILE)  # with seed groups
 
 
 def report(runs, out: Path | None, baseline: str | None = None, groups: bool | None = None, clusters=(),
-           margin: float = quality.MARGIN, f1_margin: float = quality.F1_MARGIN) -> str:
+           margin: float = quality.MARGIN, f1_margin: float = quality.F1_MARGIN, family: int | None = None) -> str:
     """Write compare.md, compare.csv and the plots into `out` (if given), and with seed groups (`groups`; None:
     where a group has several seeds) groups.csv and quality.json; return the terminal table (then the groups')."""
-    return reported(runs, out, baseline, groups, clusters, margin, f1_margin)[0]
+    return reported(runs, out, baseline, groups, clusters, margin, f1_margin, family)[0]
 
 
 def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, clusters, margin: float,
-             f1_margin: float = quality.F1_MARGIN) -> tuple:
+             f1_margin: float = quality.F1_MARGIN, family: int | None = None) -> tuple:
     """report()'s (text, the seed groups' Report or None)."""
     rows, failed, base = table(runs, baseline, clusters)
-    judged = judge_groups(runs, rows, base, margin, f1_margin) if rows and groups is not False else None
+    judged = judge_groups(runs, rows, base, margin, f1_margin, family) if rows and groups is not False else None
     if judged is not None and groups is None and all(r["seeds"] < 2 for r in judged.rows):
         judged = None
     if judged is not None:
@@ -83,12 +83,15 @@ def reported(runs, out: Path | None, baseline: str | None, groups: bool | None, 
     return text(rows, failed, base) + (f"\nSeed groups:\n{judged.text()}" if judged else ""), judged
 
 
-def judge_groups(runs, rows, base: int, margin: float, f1_margin: float = quality.F1_MARGIN):
+def judge_groups(runs, rows, base: int, margin: float, f1_margin: float = quality.F1_MARGIN,
+                 family: int | None = None):
     """The seed groups' report against the group that holds the baseline row (each row's `_runs`, the runs in its
-    numbers and verdict, and `_left_out` serve the per-run quality column and W&B)."""
+    numbers and verdict, and `_left_out` serve the per-run quality column and W&B), each test at quality.ALPHA
+    over `family` (None: the groups beside the baseline's, any of which a choice among them could take)."""
     groups = seeds.seed_groups(runs)
-    return seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin,
-                        margins=seeds.margins_of(margin, f1_margin))
+    family = family or max(1, len(groups) - 1)
+    return seeds.report(groups, seeds.group_of(groups, rows[base]["_run"]), margin, quality.ALPHA / family,
+                        margins=seeds.margins_of(margin, f1_margin), family=family)
 
 
 def to_wandb(judged) -> None:
@@ -154,6 +157,9 @@ def parser() -> Parser:
                     help=f"the equivalence margin of the quality verdicts in macro-AUROC: {quality.MARGIN}")
     ap.add_argument("--f1-budget", type=float, default=quality.F1_MARGIN, metavar="MARGIN",
                     help=f"and in macro-F1 (its seeds spread about twice as far): {quality.F1_MARGIN}")
+    ap.add_argument("--family", type=int, metavar="N", help="the configurations a choice among these verdicts "
+                    "may take (each test at 5%% / N, so that the chance of choosing a harmful one stays at 5%%; "
+                    "plan predict reads them again at its own): default, the seed groups beside the baseline's")
     ap.add_argument("--fastest", metavar="CHOICE", help="print only the value of choice CHOICE (e.g. parallel) of "
                     "the seed group with the highest mean throughput; nothing else is printed or written")
     return ap
@@ -164,6 +170,8 @@ def loaded(args) -> list:
     for flag, margin in (("--quality-budget", args.quality_budget), ("--f1-budget", args.f1_budget)):
         if bad := quality.margin_error(margin):
             raise ValueError(f"{flag} {margin}: {bad}")
+    if args.family is not None and args.family < 1:
+        raise ValueError(f"--family {args.family}: must be 1 or more (the configurations a choice may take)")
     if args.fastest is not None and (args.groups or not args.fastest):
         raise ValueError("--fastest CHOICE names a choice such as parallel, and prints its value alone "
                          "(without --groups)")
@@ -190,7 +198,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else (Path(args.paths[0]) if len(args.paths) == 1 else None)
     try:
         shown, judged = reported(runs, out, args.baseline, args.groups, args.cluster, args.quality_budget,
-                                 args.f1_budget)
+                                 args.f1_budget, args.family)
     except ValueError as e:  # a --cluster file that cannot be read, a --baseline no run matches: nothing written
         print_error(str(e))
         return 2

@@ -24,6 +24,9 @@ class PlanConfig:
                                                              "ddp_powersgd", "fsdp"])  # predict: plan.png's lines
     quality_budget: float = quality.MARGIN  # predict: the equivalence margin a recommended preset must meet (AUROC)
     f1_budget: float = quality.F1_MARGIN  # predict: and in macro-F1, where the record decides on it too
+    # predict: at most this chance that the preset recommended on a verdict is worse than a margin (each verdict read
+    # at error / the presets judged on verdicts: the tune's tune.error rule)
+    error: float = quality.ALPHA
     # predict: the quality verdicts' record (compare's or the tune's quality.json) of this task (quality.task_of),
     # whose decisive verdicts judge each preset; null: none, so only exact presets may be recommended
     quality: Optional[str] = None
@@ -51,6 +54,7 @@ class PlanConfig:
              quality.margin_error(self.quality_budget))
         need(not quality.margin_error(self.f1_budget), "f1_budget", self.f1_budget,
              quality.margin_error(self.f1_budget))
+        need(not quality.level_error(self.error), "error", self.error, quality.level_error(self.error))
         need(self.line_rate is None or bytes_per_s(self.line_rate) is not None, "line_rate", self.line_rate,
              "give a rate above 0 as tc writes it: 25mbit, 1gbit, 100gbit (or bytes: 12.5mbps)")
         need(self.transport in ("measured", "socket"), "transport", self.transport, "choose measured or socket")

@@ -14,7 +14,17 @@ from ringexp.errors import ConfigError
 from ringexp.models import build_model
 from ringexp.plan.config import PlanConfig
 from ringexp.plan.report import plot, report
-from ringexp.predict import ELIGIBLE, compute_times, judged, over_steps, preset_config, presets, quality_of, row
+from ringexp.predict import (
+    ELIGIBLE,
+    compute_times,
+    decisive,
+    judged,
+    over_steps,
+    preset_config,
+    presets,
+    quality_of,
+    row,
+)
 from ringexp.verdicts.groups import margins_of
 
 
@@ -30,7 +40,7 @@ def predict(pc: PlanConfig, train: list) -> None:
     base = configs.get("ddp") or preset_config("ddp", rest, cl.nodes)
     task = quality.task_of(base, cl.nodes * cl.ranks_per_node)  # the verdicts must be of it
     # checked before anything is measured or written
-    verdicts, metrics = quality_of(pc.quality, task) if pc.quality else ({}, list(quality.DECIDING))
+    verdicts, written = quality_of(pc.quality, task) if pc.quality else ({}, {"metrics": list(quality.DECIDING)})
     margins = margins_of(pc.quality_budget, pc.f1_budget)
     model = build_model(base.model, base.data.num_labels)
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
@@ -42,25 +52,37 @@ def predict(pc: PlanConfig, train: list) -> None:
     for r, cfg in zip(rows, configs.values(), strict=True):  # the headline: the whole run (PowerSGD's first steps)
         r["whole_samples_s"] = over_steps(r["preset"], cfg, cl, shapes, compute, here, 1, cfg.steps)["samples_s"]
         r["speedup"] = r["whole_samples_s"] / ddp["samples_s"]
-    for r, cfg in zip(rows, configs.values(), strict=True):
-        r["quality"], r["auroc_diff"], r["decided_on"] = judged(r["preset"], cfg, verdicts, margins)
-    ok = [r for r in rows if r["quality"] in ELIGIBLE]
-    best = max(ok, key=lambda r: r["whole_samples_s"]) if ok else ddp  # (none: the baseline, exact by definition)
+    best, family = recommended(rows, configs, verdicts, margins, pc.error)
+    best = best or ddp  # (none: the baseline, exact by definition)
     command = " ".join(["python -m ringexp.train", f"+parallel={best['preset']}", *rest])
     out = out_dir(pc.out, cl.name, base.model.name)
     plotted = {n: c for n, c in (configs | {"ddp": base}).items() if n in pc.plot_presets}
     plot(cl, {n: partial(step_at, cfg=c, shapes=shapes, compute=compute) for n, c in plotted.items()},
          out / "plan.png")
-    on = {m: margins[m] for m in metrics}
-    text = report(cl, base, rows, compute, source, command, on, pc.quality, rest)
+    on = {m: margins[m] for m in written["metrics"]}
+    bound = {"error": pc.error, "family": family, "alpha": pc.error / max(family, 1), "written": written}
+    text = report(cl, base, rows, compute, source, command, on, pc.quality, rest, bound)
     records.write_file(out / "plan.md", text)
     records.write_file(out / "plan.json", json.dumps({"cluster": plain(cl), "compute": compute,
                                                       "compute_source": source, "rows": rows,
                                                       "recommended": command, "quality": pc.quality,
-                                                      "decided_on": on,
+                                                      "decided_on": on, "bound": bound,
                                                       "task": task}, indent=1) + "\n")
     print(text, end="")
     print(f"ringexp: wrote {out}/plan.md, plan.json and plan.png")
+
+
+def recommended(rows: list, configs: dict, verdicts: dict, margins: dict, error: float) -> tuple:
+    """(the fastest row of `rows` (`configs`' predictions, in order) whose quality is eligible, or None; the family)
+    with each row judged: the family is the presets here with decisive verdicts, any of which a verdict could make
+    the one recommended, and each of their tests is read at error / family (Bonferroni, as the tune's over its
+    slots), so that a preset worse than a margin is recommended with chance at most `error` (predict's error=)."""
+    family = sum(decisive(verdicts.get(n)) for n in configs)
+    alpha = error / max(family, 1)
+    for r, cfg in zip(rows, configs.values(), strict=True):
+        r["quality"], r["auroc_diff"], r["decided_on"] = judged(r["preset"], cfg, verdicts, margins, alpha)
+    ok = [r for r in rows if r["quality"] in ELIGIBLE]
+    return (max(ok, key=lambda r: r["whole_samples_s"]) if ok else None), family
 
 
 def out_dir(out: str | None, cluster: str, model: str) -> Path:

@@ -221,4 +221,5 @@ def report(tc, done: dict):
     runs = load_local([r["dir"] for r in done.values() if r["phase"] in FULL and r["status"] == "completed"])
     groups = seed_groups(runs)
     base = next((i for i, g in enumerate(groups) if any(r["dir"] in dirs(done, "baseline") for r in g.runs)), None)
-    return seed_report(groups, base, tc.quality_budget, alpha(tc), tc.margins(), tc.metrics) if groups else None
+    return (seed_report(groups, base, tc.quality_budget, alpha(tc), tc.margins(), tc.metrics, tc.verify)
+            if groups else None)

@@ -257,6 +257,8 @@ class Report:
     task: dict | None = None  # the baseline's (quality.task_of), which every verdict is on
     margins: dict | None = None  # {metric: its margin} (margins_of)
     metrics: list | None = None  # what the quality column's decision is over
+    alpha: float = quality.ALPHA  # each one-sided test's level: error / family (Bonferroni)
+    family: int = 1  # the configurations whose verdicts a decision may choose among (compare --family, tune.verify)
 
     def head(self) -> list:
         return HEAD + [k for t in self.targets for k in (f"to {t:g} s", f"to {t:g} x")]
@@ -279,7 +281,8 @@ class Report:
         csv.writer(buf).writerows([head] + [[r.get(k) for k in head] for r in self.rows])
         records.write_file(out / "groups.csv", buf.getvalue())
         records.write_json(out / QUALITY_FILE, {"format": quality.FORMAT, "task": self.task, "margin": self.margin,
-                                                "metrics": self.metrics, "margins": self.margins, "groups": [
+                                                "metrics": self.metrics, "margins": self.margins,
+                                                "alpha": self.alpha, "family": self.family, "groups": [
             {"group": r["group"], "baseline": i == self.base, "overrides": r["_overrides"], "choices": r["_choices"],
              "seeds": r["_seeds"], "samples_s": r["samples/s"], "speed_up": r["speed-up"],
              "verdicts": {m: v and v.record() for m, v in r["_verdicts"].items()}, "note": r["_note"],
@@ -301,17 +304,18 @@ def cell(row: dict, key: str) -> str:
 
 
 def report(groups: list, base: int | None, margin: float, alpha: float = quality.ALPHA,
-           margins: dict | None = None, metrics=quality.DECIDING) -> Report:
+           margins: dict | None = None, metrics=quality.DECIDING, family: int = 1) -> Report:
     """The rows of `groups` (seed_groups') holding only the runs of the baseline group's task and code versions, one
     per seed (members.admitted), each with its verdict against the baseline (judge, each metric at `margin` or its
-    own in `margins`), the decision over `metrics` (quality.decision) and the runs it left out."""
+    own in `margins`), the decision over `metrics` (quality.decision) and the runs it left out; `family`: how many
+    configurations `alpha` was divided among (recorded with it)."""
     on, why = reference(groups[base]) if base is not None else (None, "")
     margins = margins or margins_of(margin)
     shown = [admitted(g, on) for g in groups]
     targets = sorted({t["auroc"] for g in shown for r in g.runs for t in r["summary"].get("targets") or []})
     rows = [summary_row(g, targets) for g in shown]
     ref = rows[base] if base is not None else {}
-    lines = [heading(groups[base].label, margin, margins, alpha, metrics)] if base is not None else []
+    lines = [heading(groups[base].label, margin, margins, alpha, metrics, family)] if base is not None else []
     for i, (g, row) in enumerate(zip(groups, rows, strict=True)):
         ratios(row, ref, targets)
         verdicts, note = (judge(g, groups[base], margin, alpha, margins) if base is not None and i != base
@@ -326,15 +330,17 @@ def report(groups: list, base: int | None, margin: float, alpha: float = quality
             said = "; ".join(f"{m} {v.text()}" for m, v in verdicts.items() if v) or "no verdict"
             lines.append(f"- `{g.label}`: {said}" + (f". Note: {note}" if note else ""))
     return Report(rows, lines + left_out_lines(shown), targets, base, margin, on and on["task"], margins,
-                  list(metrics))
+                  list(metrics), alpha, family)
 
 
-def heading(label: str, margin: float, margins: dict, alpha: float, metrics) -> str:
+def heading(label: str, margin: float, margins: dict, alpha: float, metrics, family: int = 1) -> str:
+    over = f": {alpha * family:.0%} over the {family} configurations beside it" if family > 1 else ""
     return (f"Quality against the baseline ({label}): difference with the interval it was decided on; equivalent "
             f"when the {1 - 2 * alpha:.1%} interval lies within ±{margin:g}{other_margins(margins, margin)} (two "
-            f"one-sided tests at {alpha:.2%}), worse or better when the 95% one lies below or above 0; one seed is an "
-            f"indication, never a decision. The quality column is the decision over {' and '.join(metrics)}: "
-            "equivalent (or better) only where each is, else the word of the metric that stops it:")
+            f"one-sided tests at {alpha:.2%}{over}), worse when the 95% one lies below 0, better when it and that one "
+            "lie above 0; one seed is an indication, never a decision. The quality column is the decision over "
+            f"{' and '.join(metrics)}: equivalent (or better) only where each is, else the word of the metric that "
+            "stops it:")
 
 
 def decided(metric: str | None, head, metrics) -> str | None:
