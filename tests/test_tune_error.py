@@ -292,8 +292,9 @@ def test_a_run_is_compared_with_the_baseline_at_the_same_training_samples(tmp_pa
     """The tune's own FullRuns over recorded runs: an accumulation candidate's 30 steps of 64 samples are the
     baseline's 120 steps of 16, so its final metrics meet the baseline's at step 120, not at step 24 (where they
     once met, and a fall of 0.21 AUROC went unseen as a collapse); a record without samples falls back to steps. Its
-trial meets the baseline at as many optimizer steps (the bound story's accumulation trials, 20 steps of 4
-micro-batches, were each taken for a collapse against the baseline's step 80)."""
+    trial meets the baseline at as many optimizer steps (the bound story's accumulation trials, 20 steps of 4
+    micro-batches, were each taken for a collapse against the baseline's step 80), and only its diagnose run: a
+    verification seed of the baseline run since changes nothing of a trial's verdict."""
     out = tmp_path / "tune"
     base_dir = out / "trials" / "verify-baseline-s0"
     base_dir.mkdir(parents=True)
@@ -310,3 +311,12 @@ micro-batches, were each taken for a collapse against the baseline's step 80).""
     # its trial, whose schedule ends within its 30 steps, meets the baseline where it had run 30 steps (24's values)
     trial = cand | {"key": "try-r0-topk", "phase": "try", "auroc": 0.5}
     assert runs.baseline_at(trial)[0]["final AUROC"] == 0.56 and verify.collapsed(TuneConfig(), runs, [trial]) is None
+    low = out / "trials" / "verify-baseline-s1"  # a baseline seed run later, 0.2 lower throughout
+    low.mkdir()
+    (low / records.METRICS).write_text("".join(json.dumps(r | {"val/auroc_macro": r["val/auroc_macro"] - 0.2}) + "\n"
+                                               for r in rows))
+    log.add({"key": "verify-baseline-s1", "phase": "verify", "candidate": "baseline", "status": "completed",
+             "dir": str(low), "steps": 120, "seed": 1, "samples": 120 * 16})
+    assert [b["final AUROC"] for b in runs.baseline_at(cand)] == pytest.approx([0.8, 0.6])
+    assert verify.collapsed(TuneConfig(), runs, [cand]) is None  # (the lowest of the full runs: 0.6)
+    assert [b["final AUROC"] for b in runs.baseline_at(trial)] == [0.56]

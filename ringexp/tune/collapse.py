@@ -3,8 +3,8 @@ see. A failure that strikes 1 run in N (a compressor's or an averaging strategy'
 from k runs with chance (1 - 1/N)^k: 0.34 for 1 in 7 over 7 seeds. So every run of a candidate is evidence, its
 halving rungs' trials as well as its verification seeds, each checked against the baseline's runs at the same
 number of training samples (a candidate with accumulation runs fewer steps of more samples; a trial, whose
-schedule ends within its few steps, at the baseline's samples or optimizer steps, whichever came first:
-verify.FullRuns.baseline_at):
+schedule ends within its few steps, against the baseline's diagnose run at its samples or optimizer steps,
+whichever came first: verify.FullRuns.baseline_at):
 
 - a final metric of tune.metrics non-finite, or more than COLLAPSE times its margin below the lowest baseline run's
   there (the baseline's last evaluation at or before that many samples: no higher earlier, so a slow start is not

@@ -174,13 +174,17 @@ class FullRuns:
         schedule (warm-up, decay) ends within its few steps, unlike the baseline's: it meets the baseline where
         that had run as many samples or as many optimizer steps, whichever came first (an accumulation candidate's
         20 steps of 4 micro-batches, 0.80-0.82 AUROC in the bound story, once met the baseline's step 80, 0.92,
-        and were each taken for a collapse; at its step 16 the baseline had 0.70)."""
-        got = []
+        and were each taken for a collapse; at its step 16 the baseline had 0.70). A trial meets the diagnose
+        phase's run alone, which every trial follows, so that it is judged the same whenever it is checked: against
+        the lowest of however many seeds had run, one of the story was a collapse in its tune and not in the
+        continued tune."""
+        trial, got = rec.get("phase") == "try", []
         for r in self.budget.log.done.values():
-            if r["phase"] in FULL and r["candidate"] == "baseline" and r["status"] == "completed":
+            if r["phase"] in (("diagnose",) if trial else FULL) and r["candidate"] == "baseline" \
+                    and r["status"] == "completed":
                 both = rec.get("samples") and r.get("samples")
                 at, per_step = (rec["samples"], r["samples"] // r["steps"]) if both else (rec["steps"], 1)
-                if rec.get("phase") == "try":
+                if trial:
                     at = min(at, rec["steps"] * per_step)
                 got.append(collapse.at_samples(records.read_rows(r["dir"]), at, per_step))
         return [g for g in got if g is not None]
