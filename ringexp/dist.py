@@ -247,6 +247,28 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+_returned = False  # whether this spawned worker's function returned (`spawned`)
+
+
+def spawned(fn, *args):
+    """fn(*args) in a worker that multiprocessing spawned, whose process then ends as `end` ends one: a spawned
+    process ends through the interpreter's finalization (a forked or forkserver one through os._exit), where
+    torch's gloo may abort it after its return value was handed over, failing its job. The exit handler is
+    registered before any other, so it runs after them all; only once fn has returned (exit code 0)."""
+    global _returned
+    atexit.register(_skip_finalization)
+    result = fn(*args)
+    _returned = True
+    return result
+
+
+def _skip_finalization() -> None:
+    if _returned:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def end(main) -> None:
     """Run `main` (a program's command line) as this process, then end the process with its exit code. One that
     joined a process group ends with os._exit once its exit handlers (W&B's, logging's) have run, skipping the
@@ -255,7 +277,8 @@ def end(main) -> None:
     50 plain 4-rank gloo jobs under torchrun on this machine, 0 of 60 ending so), and under torchrun that fails
     the node's job after its work is done, while every other node's agent waits 300 s for it (torchrun's exit
     barrier; CI's cut-link test, 2026-12-07). ringexp's own CPU workers, forked by torch's start_processes, end
-    through os._exit already. A bug's traceback is left to Python."""
+    through os._exit already; its spawned ones (GPU runs, bench, calibrate) through `spawned`. A bug's traceback
+    is left to Python."""
     try:
         main()
         code = 0

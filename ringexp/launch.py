@@ -137,6 +137,8 @@ def elastic(fn, nproc: int, *args, log_dir=None, max_restarts: int = 0, start_me
             start_method=start_method, max_restarts=max_restarts, monitor_interval=0.1,
             signals_to_handle=stop.TORCH_HANDLES, logs_specs=DefaultLogsSpecs(log_dir=str(logs)),
         )
+        if start_method == "spawn":  # (ends without finalizing: rdist.spawned)
+            fn, args = rdist.spawned, (fn, *args)
         with stop.launching():
             return elastic_launch(config, fn)(*args)
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +134,38 @@ def test_a_process_that_held_a_group_ends_with_its_code_and_exit_handlers_but_ne
         assert r.returncode == code, r.stderr
         assert r.stdout.startswith("done") and "exit handlers ran" in r.stdout, r.stdout
         assert ("finalized" in r.stdout) == finalizes, (held, r.stdout)
+
+
+class Finalized:
+    """Touches `path` as the interpreter finalizes (a module global's __del__)."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __del__(self):
+        open(self.path, "w").close()  # (a builtin: pathlib may be torn down by then)
+
+
+def spawned_member(marks: str) -> int:
+    import atexit
+
+    import torch.distributed as dist
+
+    from ringexp import dist as rdist
+
+    rdist.init("cpu", timeout_s=TIMEOUT_S)
+    rank = dist.get_rank()
+    atexit.register(Path(marks, f"handlers{rank}").touch)
+    sys.modules["__main__"].kept = Finalized(Path(marks, f"finalized{rank}"))  # (__main__ is cleared first)
+    rdist.cleanup()
+    return rank
+
+
+def test_a_spawned_worker_hands_over_its_result_and_runs_its_exit_handlers_but_never_finalizes(tmp_path):
+    """ringexp's launch of spawned workers (GPU runs, bench, calibrate): rdist.spawned ends each after its exit
+    handlers, without the finalization where gloo aborts a process now and then, once its result is handed over."""
+    from ringexp import launch
+
+    # (the agent returns once every worker has exited)
+    assert launch.elastic(spawned_member, 2, str(tmp_path), start_method="spawn") == {0: 0, 1: 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["handlers0", "handlers1"]
