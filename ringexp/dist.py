@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ringexp import stop
 
 _held = False  # whether this process joined a process group (init): how `end` ends it
+_returned = False  # whether this spawned worker's function returned (`spawned`)
 
 
 @dataclass
@@ -247,9 +248,6 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-_returned = False  # whether this spawned worker's function returned (`spawned`)
-
-
 def spawned(fn, *args):
     """fn(*args) in a worker that multiprocessing spawned, whose process then ends as `end` ends one: a spawned
     process ends through the interpreter's finalization (a forked or forkserver one through os._exit), where
@@ -264,9 +262,14 @@ def spawned(fn, *args):
 
 def _skip_finalization() -> None:
     if _returned:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """End this process with `code` at once, what it printed flushed: no finalization (`end`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def end(main) -> None:
@@ -290,6 +293,4 @@ def end(main) -> None:
         print(code, file=sys.stderr)
         code = 1
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code or 0)
+    _exit_now(code or 0)

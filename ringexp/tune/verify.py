@@ -179,9 +179,9 @@ class FullRuns:
         the lowest of however many seeds had run, one of the story was a collapse in its tune and not in the
         continued tune."""
         trial, got = rec.get("phase") == "try", []
+        phases = ("diagnose",) if trial else FULL
         for r in self.budget.log.done.values():
-            if r["phase"] in (("diagnose",) if trial else FULL) and r["candidate"] == "baseline" \
-                    and r["status"] == "completed":
+            if r["phase"] in phases and r["candidate"] == "baseline" and r["status"] == "completed":
                 both = rec.get("samples") and r.get("samples")
                 at, per_step = (rec["samples"], r["samples"] // r["steps"]) if both else (rec["steps"], 1)
                 if trial:
